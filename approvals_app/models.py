@@ -1,0 +1,87 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ApprovalPolicy(models.TextChoices):
+    USER = "user", "The session's user"
+    OPERATOR = "operator", "An operator with permission"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class Approval(models.Model):
+    """A human decision a write tool call waits for. Only a recorded decision by an
+    authorized person lets the call execute; nothing the model writes counts (SPEC §7)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tool_call = models.OneToOneField("tools_app.ToolCall", on_delete=models.PROTECT, related_name="approval")
+    run = models.ForeignKey("runs_app.Run", on_delete=models.PROTECT, related_name="approvals")
+    policy = models.CharField(max_length=12, choices=ApprovalPolicy.choices)
+    status = models.CharField(max_length=12, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["requested_at"]
+        permissions = [("decide_approval", "Can approve or reject operator-level tool calls")]
+        constraints = [
+            models.CheckConstraint(condition=Q(policy__in=ApprovalPolicy.values), name="approval_policy_valid"),
+            models.CheckConstraint(condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status=ApprovalStatus.PENDING) | Q(decided_at__isnull=False),
+                name="approval_decided_has_time",
+            ),
+            # Approve and reject are human decisions and name the human; expiry is the clock's.
+            models.CheckConstraint(
+                condition=~Q(status__in=[ApprovalStatus.APPROVED, ApprovalStatus.REJECTED])
+                | Q(decided_by__isnull=False),
+                name="approval_human_decision_names_decider",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=ApprovalStatus.PENDING) | Q(decided_by__isnull=True),
+                name="approval_pending_undecided",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["requested_at"], condition=Q(status="pending"), name="approval_pending_oldest"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Approval {self.id} ({self.status})"
+
+
+class AuditEntry(models.Model):
+    """An immutable record of a human decision (approve, reject, reconcile, cancel).
+    The database refuses UPDATE and DELETE on this table."""
+
+    id = models.BigAutoField(primary_key=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+")
+    action = models.CharField(max_length=40)
+    object_type = models.CharField(max_length=40)
+    object_id = models.CharField(max_length=64)
+    run = models.ForeignKey("runs_app.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="audit")
+    before = models.JSONField(default=dict)
+    after = models.JSONField(default=dict)
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object")]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.object_type} {self.object_id}"

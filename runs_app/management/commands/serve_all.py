@@ -1,0 +1,67 @@
+"""`make run`: the web server (daphne) and a django-q2 worker cluster, stopped together by Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.core.management.base import BaseCommand
+
+from runs_app.management.commands.demo_setup import DEMO_CUSTOMER, DEMO_OPERATOR
+
+
+class Command(BaseCommand):
+    help = "Run the web server and the worker cluster in the foreground."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", default="8000")
+        parser.add_argument("--no-workers", action="store_true")
+
+    def handle(self, *args, host, port, no_workers, **options):
+        env = dict(os.environ)
+        env.setdefault("WARDEN_SIM_BASE_URL", f"http://{host}:{port}/sim")
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"], env=env
+            )
+        ]
+        if not no_workers:
+            children.append(subprocess.Popen([sys.executable, "manage.py", "qcluster"], env=env))
+        base = f"http://{host}:{port}"
+        self.stdout.write(
+            self.style.SUCCESS(
+                "\nWarden is starting:\n"
+                f"  console      {base}/console/\n"
+                f"  admin        {base}/admin/\n"
+                f"  API docs     {base}/api/v1/docs\n"
+                f"  operator     {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}\n"
+                f"  customer     {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}\n"
+                "Press Ctrl-C to stop.\n"
+            )
+        )
+        stopping = False
+
+        def stop(*_):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            while not stopping and all(child.poll() is None for child in children):
+                time.sleep(0.3)
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + 15
+            for child in children:
+                try:
+                    child.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.kill()
+        failed = [c.args for c in children if c.returncode not in (0, -signal.SIGINT, None) and not stopping]
+        if failed:
+            raise SystemExit(f"a child process stopped unexpectedly: {failed}")

@@ -1,0 +1,256 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING)
+
+
+class RunPhase(models.TextChoices):
+    WAITING_WORKER = "waiting_worker"
+    PREPARING_CONTEXT = "preparing_context"
+    CALLING_MODEL = "calling_model"
+    EXECUTING_TOOLS = "executing_tools"
+
+
+RUNNING_PHASES = (RunPhase.PREPARING_CONTEXT, RunPhase.CALLING_MODEL, RunPhase.EXECUTING_TOOLS)
+
+
+class WaitReason(models.TextChoices):
+    WAITING_INPUT = "waiting_input"
+    APPROVAL = "approval"
+    RETRY_BACKOFF = "retry_backoff"
+    RECONCILIATION = "reconciliation"
+
+
+class RunErrorCode(models.TextChoices):
+    MODEL_CALL_BUDGET = "budget_model_calls", "Model call budget exhausted"
+    TOKEN_BUDGET = "budget_tokens", "Token budget exhausted"
+    DEADLINE = "deadline_exceeded", "Deadline exceeded"
+    MODEL_RETRIES = "model_retries_exhausted", "Transient model errors exceeded the retry limit"
+    MODEL_ERROR = "model_error", "The model provider returned a permanent error"
+    INVALID_OUTPUT = "model_output_invalid", "The model kept producing invalid or truncated output"
+    UNKNOWN_TOOL = "unknown_tool", "The model asked for a tool that is not registered"
+    INTERNAL = "internal_error", "Internal error"
+
+
+def _run_state_constraints() -> list[models.CheckConstraint]:
+    """Only legal status × phase × wait-reason combinations can be stored (SPEC §2)."""
+    no_phase = Q(phase="")
+    no_wait = Q(wait_reason="")
+    leased = Q(lease_owner__gt="") & Q(lease_expires_at__isnull=False)
+    unleased = Q(lease_owner="") & Q(lease_expires_at__isnull=True)
+    return [
+        models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+        models.CheckConstraint(condition=no_phase | Q(phase__in=RunPhase.values), name="run_phase_valid"),
+        models.CheckConstraint(
+            condition=no_wait | Q(wait_reason__in=WaitReason.values), name="run_wait_reason_valid"
+        ),
+        models.CheckConstraint(
+            condition=~Q(status=RunStatus.QUEUED) | (Q(phase=RunPhase.WAITING_WORKER) & no_wait & unleased),
+            name="run_queued_shape",
+        ),
+        # A running run is held by exactly one worker, in a working phase.
+        models.CheckConstraint(
+            condition=~Q(status=RunStatus.RUNNING) | (Q(phase__in=RUNNING_PHASES) & no_wait & leased),
+            name="run_running_shape",
+        ),
+        models.CheckConstraint(
+            condition=~Q(status=RunStatus.WAITING) | (no_phase & ~no_wait & unleased),
+            name="run_waiting_shape",
+        ),
+        models.CheckConstraint(
+            condition=~Q(status__in=TERMINAL_STATUSES)
+            | (no_phase & no_wait & unleased & Q(finished_at__isnull=False)),
+            name="run_terminal_shape",
+        ),
+        models.CheckConstraint(
+            condition=Q(status__in=TERMINAL_STATUSES) | Q(finished_at__isnull=True),
+            name="run_finished_only_when_terminal",
+        ),
+        models.CheckConstraint(
+            condition=~Q(status=RunStatus.FAILED) | ~Q(error_code=""), name="run_failed_has_error_code"
+        ),
+        models.CheckConstraint(condition=Q(lease_token__gte=0), name="run_lease_token_non_negative"),
+        models.CheckConstraint(
+            condition=Q(model_calls__gte=0) & Q(tokens_used__gte=0), name="run_usage_non_negative"
+        ),
+    ]
+
+
+class Run(models.Model):
+    """One execution pursuing one user request. Its checkpoint is this row plus its steps,
+    tool calls and the session's history (SPEC §4)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey("sessions_app.Session", on_delete=models.PROTECT, related_name="runs")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    phase = models.CharField(max_length=24, choices=RunPhase.choices, blank=True, default=RunPhase.WAITING_WORKER)
+    wait_reason = models.CharField(max_length=24, choices=WaitReason.choices, blank=True)
+
+    # Wait context: what the run waits for and what wakes it.
+    wait_type = models.CharField(max_length=32, blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    resume_target = models.CharField(max_length=32, blank=True)
+
+    # Budgets and usage.
+    provider = models.CharField(max_length=32, default="scripted")
+    max_model_calls = models.PositiveIntegerField()
+    model_calls = models.PositiveIntegerField(default=0)
+    max_tokens = models.PositiveIntegerField()
+    tokens_used = models.PositiveIntegerField(default=0)
+    deadline = models.DateTimeField()
+    model_retries = models.PositiveIntegerField(default=0)
+
+    # Lease: who drives the run. lease_token only ever increases; every write a worker makes
+    # is conditional on it, so a worker that stalled past its lease cannot write again.
+    lease_owner = models.CharField(max_length=128, blank=True)
+    lease_token = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    cancel_reason = models.CharField(max_length=300, blank=True)
+
+    error_code = models.CharField(max_length=40, blank=True)
+    error_detail = models.TextField(blank=True)
+
+    # Bumped by every checkpoint; the highest RunEvent.seq handed out (gap-free per run).
+    snapshot_version = models.PositiveBigIntegerField(default=0)
+    event_seq = models.PositiveBigIntegerField(default=0)
+    step_count = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            *_run_state_constraints(),
+            # At most one non-terminal run per session, whatever the code does.
+            models.UniqueConstraint(
+                fields=["session"],
+                condition=Q(status__in=ACTIVE_STATUSES),
+                name="run_one_active_per_session",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["-created_at", "-id"], name="run_recent"),
+            models.Index(fields=["status", "-created_at", "-id"], name="run_status_recent"),
+            models.Index(fields=["session", "-created_at"], name="run_session_recent"),
+            models.Index(fields=["lease_expires_at"], condition=Q(status=RunStatus.RUNNING), name="run_lease_due"),
+            models.Index(fields=["expires_at"], condition=Q(status=RunStatus.WAITING), name="run_wait_due"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Run {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class StepKind(models.TextChoices):
+    MODEL = "model"
+    TOOLS = "tools"
+
+
+class StepStatus(models.TextChoices):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    # The model's output was rejected (truncated, malformed) or abandoned (crash, cancel);
+    # nothing it proposed was executed.
+    DISCARDED = "discarded"
+    FAILED = "failed"
+
+
+class Step(models.Model):
+    """One model call or one batch of tool calls of a run."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="steps")
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=StepKind.choices)
+    status = models.CharField(max_length=12, choices=StepStatus.choices, default=StepStatus.RUNNING)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    finish_reason = models.CharField(max_length=32, blank=True)
+    # Which history messages (by seq) the model saw, and any summary it saw instead of older ones.
+    context_manifest = models.JSONField(default=dict, blank=True)
+    discard_reason = models.CharField(max_length=300, blank=True)
+    lease_token = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "index"], name="step_run_index_unique"),
+            models.CheckConstraint(condition=Q(kind__in=StepKind.values), name="step_kind_valid"),
+            models.CheckConstraint(condition=Q(status__in=StepStatus.values), name="step_status_valid"),
+            models.CheckConstraint(
+                condition=Q(status=StepStatus.RUNNING) | Q(finished_at__isnull=False),
+                name="step_finished_when_done",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Step {self.index} ({self.kind}, {self.status})"
+
+
+class RunEvent(models.Model):
+    """The ordered, persisted log of a run's lifecycle; consoles catch up from it by seq."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=40)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="run_event_run_seq_unique"),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="run_event_seq_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.seq} {self.type}"
+
+
+class ContextSummary(models.Model):
+    """A summary of older history, stored beside it (never replacing it) and used to build
+    model context once the history outgrows the token window."""
+
+    id = models.BigAutoField(primary_key=True)
+    session = models.ForeignKey("sessions_app.Session", on_delete=models.PROTECT, related_name="summaries")
+    covers_through_seq = models.PositiveIntegerField()
+    content = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "-covers_through_seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "covers_through_seq"], name="summary_session_seq_unique")
+        ]

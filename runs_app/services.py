@@ -1,0 +1,174 @@
+"""Every write about a run goes through here (STYLE.md: one write path per change)."""
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterable
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from runs_app.live import publish_events_on_commit
+from runs_app.models import RUNNING_PHASES, TERMINAL_STATUSES, Run, RunEvent, RunPhase, RunStatus, WaitReason
+from runs_app.transitions import RUN_TRANSITIONS, IllegalTransition, LeaseLost, check_transition
+
+# Columns a transition resets so the row always has the shape its status requires.
+_WAIT_CONTEXT_CLEARED = {"wait_type": "", "request_id": "", "expires_at": None, "resume_target": ""}
+_LEASE_RELEASED = {"lease_owner": "", "lease_expires_at": None}
+
+
+@dataclass(frozen=True)
+class RunWrite:
+    """What a fenced run write returned."""
+
+    session_id: Any
+    status: str
+    event_seq: int
+    snapshot_version: int
+    cancel_requested_at: Any
+
+
+def run_write(
+    *,
+    run_id,
+    changes: dict[str, Any] | None = None,
+    events: Iterable[tuple[str, dict]] = (),
+    expect_statuses: Iterable[str] | None = None,
+    lease_token: int | None = None,
+    raise_on_miss: bool = False,
+) -> RunWrite | None:
+    """The one conditional UPDATE behind every run change: sets `changes`, bumps the snapshot
+    version, allocates gap-free event seqs and appends `events` — all in the caller's
+    transaction. Returns None (or raises LeaseLost) when the condition no longer holds; then
+    nothing was written. The row lock it takes is what fences out concurrent writers."""
+    assert connection.in_atomic_block, "run_write must run inside the caller's transaction"
+    changes = dict(changes or {})
+    events = list(events)
+    assignments = [f'"{column}" = %s' for column in changes]
+    params: list[Any] = list(changes.values())
+    assignments += [
+        '"event_seq" = "event_seq" + %s',
+        '"snapshot_version" = "snapshot_version" + 1',
+        '"updated_at" = now()',
+    ]
+    params.append(len(events))
+    where = ['"id" = %s']
+    params.append(run_id)
+    if expect_statuses is not None:
+        where.append('"status" = ANY(%s)')
+        params.append([str(s) for s in expect_statuses])
+    if lease_token is not None:
+        where.append('"lease_token" = %s')
+        params.append(lease_token)
+    sql = (
+        f'UPDATE "runs_app_run" SET {", ".join(assignments)} WHERE {" AND ".join(where)} '
+        'RETURNING "session_id", "status", "event_seq", "snapshot_version", "cancel_requested_at"'
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        if raise_on_miss or lease_token is not None:
+            raise LeaseLost(f"run {run_id}: lease token {lease_token} no longer current")
+        return None
+    written = RunWrite(*row)
+    if events:
+        first_seq = written.event_seq - len(events) + 1
+        records = [
+            RunEvent(run_id=run_id, seq=first_seq + i, type=kind, payload=payload)
+            for i, (kind, payload) in enumerate(events)
+        ]
+        RunEvent.objects.bulk_create(records)
+        publish_events_on_commit(
+            session_id=written.session_id,
+            run_id=run_id,
+            events=[{"seq": r.seq, "type": r.type, "payload": r.payload} for r in records],
+        )
+    return written
+
+
+def run_event_append(*, run_id, kind: str, payload: dict, lease_token: int | None = None) -> int:
+    """Append one event to a run's log (e.g. approval requested, input queued)."""
+    with transaction.atomic():
+        written = run_write(run_id=run_id, events=[(kind, payload)], lease_token=lease_token, raise_on_miss=True)
+    return written.event_seq
+
+
+def _shape_for(to_status: str, phase: str, wait_reason: str) -> dict[str, Any]:
+    if to_status == RunStatus.QUEUED:
+        return {"phase": RunPhase.WAITING_WORKER, "wait_reason": "", **_LEASE_RELEASED, **_WAIT_CONTEXT_CLEARED}
+    if to_status == RunStatus.RUNNING:
+        if phase not in RUNNING_PHASES:
+            raise ValueError(f"a running run needs a working phase, not {phase!r}")
+        return {"phase": phase, "wait_reason": "", **_WAIT_CONTEXT_CLEARED}
+    if to_status == RunStatus.WAITING:
+        if wait_reason not in WaitReason.values:
+            raise ValueError(f"a waiting run needs a wait reason, not {wait_reason!r}")
+        return {"phase": "", "wait_reason": wait_reason, **_LEASE_RELEASED}
+    return {"phase": "", "wait_reason": "", **_LEASE_RELEASED, **_WAIT_CONTEXT_CLEARED, "finished_at": timezone.now()}
+
+
+def run_transition(
+    *,
+    run: Run,
+    to: str,
+    phase: str = "",
+    wait_reason: str = "",
+    lease_token: int | None = None,
+    event_payload: dict | None = None,
+    extra_events: Iterable[tuple[str, dict]] = (),
+    **changes: Any,
+) -> bool:
+    """Move `run` to status `to` if it is still in the status we read it in (and, for a
+    worker, still under our lease). Raises IllegalTransition for a move the table forbids;
+    returns False if someone else changed the run first. Writes the status event with it."""
+    check_transition(RUN_TRANSITIONS, "run", run.status, to)
+    values = {"status": to, **_shape_for(to, phase, wait_reason), **changes}
+    payload = {"status": to, "phase": values["phase"], "wait_reason": values["wait_reason"], **(event_payload or {})}
+    if to == RunStatus.FAILED:
+        payload.update(error_code=values.get("error_code", ""), error_detail=values.get("error_detail", ""))
+    with transaction.atomic():
+        written = run_write(
+            run_id=run.id,
+            changes=values,
+            events=[("run_status", payload), *extra_events],
+            expect_statuses=[run.status],
+            lease_token=lease_token,
+        )
+    if written is None:
+        return False
+    for field, value in values.items():
+        setattr(run, field, value)
+    run.event_seq = written.event_seq
+    run.snapshot_version = written.snapshot_version
+    return True
+
+
+def run_create(*, session, created_by=None, provider: str | None = None, budgets: dict | None = None) -> Run:
+    """A queued run for `session`. The caller owns the transaction and enqueues after commit.
+    The database's partial unique index refuses a second active run in the same session."""
+    budgets = budgets or {}
+    now = timezone.now()
+    run = Run.objects.create(
+        session=session,
+        created_by=created_by,
+        provider=provider or settings.WARDEN_MODEL_PROVIDER,
+        max_model_calls=budgets.get("max_model_calls", settings.WARDEN_MAX_MODEL_CALLS),
+        max_tokens=budgets.get("max_tokens", settings.WARDEN_MAX_TOKENS),
+        deadline=budgets.get("deadline") or now + timedelta(seconds=settings.WARDEN_RUN_DEADLINE_SECONDS),
+    )
+    run_write(run_id=run.id, events=[("run_status", {"status": RunStatus.QUEUED, "phase": RunPhase.WAITING_WORKER, "wait_reason": ""})])
+    run.refresh_from_db(fields=["event_seq", "snapshot_version"])
+    return run
+
+
+__all__ = [
+    "IllegalTransition",
+    "LeaseLost",
+    "RunWrite",
+    "TERMINAL_STATUSES",
+    "run_create",
+    "run_event_append",
+    "run_transition",
+    "run_write",
+]

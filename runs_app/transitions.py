@@ -1,0 +1,41 @@
+"""Allowed run transitions, as data (SPEC §2). The database's check constraints back this
+table up; terminal statuses have no way out."""
+
+from runs_app.models import RunStatus
+
+
+class IllegalTransition(Exception):
+    """A transition the table does not allow. Nothing was written."""
+
+    def __init__(self, kind: str, from_status: str, to_status: str):
+        super().__init__(f"illegal {kind} transition {from_status} → {to_status}")
+        self.kind = kind
+        self.from_status = from_status
+        self.to_status = to_status
+
+
+class LeaseLost(Exception):
+    """The worker no longer holds the run's lease (another worker took over, or the run was
+    revoked). The transaction is rolled back; the worker must stop driving the run."""
+
+
+S = RunStatus
+RUN_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
+    # running → running is a phase change; running → queued hands the run back (time slice
+    # used, or a lease revoked by the sweeper).
+    S.RUNNING: frozenset({S.RUNNING, S.QUEUED, S.WAITING, S.COMPLETED, S.FAILED, S.CANCELLED}),
+    S.WAITING: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+
+def check_transition(table: dict[str, frozenset[str]], kind: str, from_status: str, to_status: str) -> None:
+    if to_status not in table.get(from_status, frozenset()):
+        raise IllegalTransition(kind, from_status, to_status)
+
+
+def sources_of(table: dict[str, frozenset[str]], to_status: str) -> list[str]:
+    return [source for source, targets in table.items() if to_status in targets]

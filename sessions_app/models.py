@@ -1,0 +1,120 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Session(models.Model):
+    """A long-lived conversation. A run ending never ends its session."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent_sessions")
+    title = models.CharField(max_length=200, blank=True)
+    # Highest Message.seq handed out; appends lock this row, so seqs are gap-free per session.
+    message_seq = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "-created_at"], name="session_owner_recent")]
+
+    def __str__(self) -> str:
+        return self.title or f"Session {self.id}"
+
+
+class MessageRole(models.TextChoices):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Message(models.Model):
+    """One accepted fact of the conversation. Append-only: the database refuses UPDATE and
+    DELETE on this table (trigger in migration 0002), so history can never be rewritten."""
+
+    id = models.BigAutoField(primary_key=True)
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="messages")
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=16, choices=MessageRole.choices)
+    content = models.TextField(blank=True)
+    # Assistant messages that ask for tools carry the calls as the model stated them
+    # ([{"id", "name", "arguments"}]); tool messages name the call they answer.
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=128, blank=True)
+    tool_name = models.CharField(max_length=100, blank=True)
+    run = models.ForeignKey("runs_app.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="messages")
+    step = models.ForeignKey("runs_app.Step", null=True, blank=True, on_delete=models.PROTECT, related_name="messages")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="message_session_seq_unique"),
+            models.CheckConstraint(condition=Q(role__in=MessageRole.values), name="message_role_valid"),
+            models.CheckConstraint(
+                condition=~Q(role=MessageRole.TOOL) | ~Q(tool_call_id=""), name="message_tool_answers_a_call"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.role}"
+
+
+class InputMode(models.TextChoices):
+    AUTO = "auto"
+    SUPPLEMENT = "supplement"
+    NEW_INTENT = "new_intent"
+    QUEUE = "queue"
+
+
+class InputDisposition(models.TextChoices):
+    """What became of a pending input once a run read it."""
+
+    SUPPLEMENTED = "supplemented"  # joined the active run's history
+    NEW_RUN = "new_run"  # started a run of its own (after an intent switch or from the queue)
+    DISCARDED = "discarded"  # the session's user withdrew it
+
+
+class PendingInput(models.Model):
+    """User input that arrived while a run was busy. Never lost: it stays here until a run
+    reads it at a safe point, and records what became of it."""
+
+    id = models.BigAutoField(primary_key=True)
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="pending_inputs")
+    content = models.TextField()
+    mode = models.CharField(max_length=16, choices=InputMode.choices, default=InputMode.AUTO)
+    # The mode actually applied (a classifier decides for `auto`), and why.
+    resolved_mode = models.CharField(max_length=16, choices=InputMode.choices, blank=True)
+    classification_reason = models.CharField(max_length=300, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    consumed_by = models.ForeignKey(
+        "runs_app.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="consumed_inputs"
+    )
+    disposition = models.CharField(max_length=16, choices=InputDisposition.choices, blank=True)
+    message = models.OneToOneField(
+        Message, null=True, blank=True, on_delete=models.PROTECT, related_name="pending_input"
+    )
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+
+    class Meta:
+        ordering = ["session", "id"]
+        indexes = [
+            models.Index(fields=["session", "id"], condition=Q(consumed_at__isnull=True), name="pending_input_open"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(mode__in=InputMode.values), name="pending_input_mode_valid"),
+            models.CheckConstraint(
+                condition=Q(disposition="") | Q(disposition__in=InputDisposition.values),
+                name="pending_input_disposition_valid",
+            ),
+            # Consumed exactly when a disposition is recorded: nothing is half-applied.
+            models.CheckConstraint(
+                condition=(Q(consumed_at__isnull=True) & Q(disposition=""))
+                | (Q(consumed_at__isnull=False) & ~Q(disposition="")),
+                name="pending_input_consumed_has_disposition",
+            ),
+        ]

@@ -1,0 +1,106 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ToolEffect(models.TextChoices):
+    READ = "read"
+    WRITE = "write"
+
+
+class ToolCallStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    # The request may or may not have taken effect downstream (timeout after sending):
+    # only reconciliation, automatic or by an operator, may resolve it.
+    UNKNOWN = "unknown"
+    CANCELLED = "cancelled"
+
+
+FINAL_TOOL_CALL_STATUSES = (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, ToolCallStatus.CANCELLED)
+
+
+class Resolution(models.TextChoices):
+    APPLIED = "applied"
+    NOT_APPLIED = "not_applied"
+
+
+class ToolCall(models.Model):
+    """One tool invocation the model asked for, with its own lifecycle (SPEC §6)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey("runs_app.Run", on_delete=models.PROTECT, related_name="tool_calls")
+    step = models.ForeignKey("runs_app.Step", on_delete=models.PROTECT, related_name="tool_calls")
+    index = models.PositiveIntegerField(default=0)  # position in the model's turn
+    tool_call_id = models.CharField(max_length=128)  # the model's id; never used as a business key
+    tool_name = models.CharField(max_length=100)
+    arguments = models.JSONField(default=dict)
+    effect = models.CharField(max_length=8, choices=ToolEffect.choices)
+    status = models.CharField(max_length=12, choices=ToolCallStatus.choices, default=ToolCallStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    # Business idempotency key for writes, committed before the first network call and sent
+    # downstream. A repeated request for the same action points at the original call instead.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    reused_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reused_by"
+    )
+    result = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=40, blank=True)
+    error_detail = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)  # read retries and reconciliation
+
+    # Resolution of an `unknown` call: by the reconcile job (resolved_by null) or an operator.
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    resolution = models.CharField(max_length=12, choices=Resolution.choices, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    evidence = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "step", "index"]
+        constraints = [
+            models.CheckConstraint(condition=Q(effect__in=ToolEffect.values), name="tool_call_effect_valid"),
+            models.CheckConstraint(condition=Q(status__in=ToolCallStatus.values), name="tool_call_status_valid"),
+            models.CheckConstraint(
+                condition=Q(resolution="") | Q(resolution__in=Resolution.values), name="tool_call_resolution_valid"
+            ),
+            # A write that ran (or may have run) always has its key: it was committed before I/O.
+            models.CheckConstraint(
+                condition=~(
+                    Q(effect=ToolEffect.WRITE)
+                    & Q(status__in=[ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN])
+                    & Q(idempotency_key__isnull=True)
+                ),
+                name="tool_call_write_keyed_before_io",
+            ),
+            # Only writes can be `unknown`: reads are simply retried.
+            models.CheckConstraint(
+                condition=~Q(status=ToolCallStatus.UNKNOWN) | Q(effect=ToolEffect.WRITE),
+                name="tool_call_unknown_only_for_writes",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=FINAL_TOOL_CALL_STATUSES) | Q(finished_at__isnull=False),
+                name="tool_call_finished_when_final",
+            ),
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="tool_call_idempotency_key_unique",
+            ),
+            models.UniqueConstraint(fields=["step", "index"], name="tool_call_step_index_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="tool_call_status_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} ({self.status})"
