@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "runs_app",
     "tools_app",
     "approvals_app",
+    "tools_app.demo",
 ]
 
 MIDDLEWARE = [

@@ -111,6 +111,8 @@ class Run(models.Model):
 
     # Budgets and usage.
     provider = models.CharField(max_length=32, default="scripted")
+    # Per-run provider settings; the scripted provider reads its test faults from here.
+    provider_options = models.JSONField(default=dict, blank=True)
     max_model_calls = models.PositiveIntegerField()
     model_calls = models.PositiveIntegerField(default=0)
     max_tokens = models.PositiveIntegerField()

@@ -1,0 +1,117 @@
+"""The tool registry: a tool is declared once, with everything the run-time needs to decide
+whether, when and how it runs (SPEC §6)."""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from tools_app.models import ToolEffect
+
+
+class ApprovalRequirement:
+    NONE = "none"
+    USER = "user"
+    OPERATOR = "operator"
+
+
+class ToolError(Exception):
+    """A definite failure: the downstream system said no, or the request provably never left.
+    `retryable` applies to reads only; writes are never retried automatically."""
+
+    def __init__(self, code: str, detail: str = "", *, retryable: bool = False):
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.detail = detail
+        self.retryable = retryable
+
+
+class ToolOutcomeUnknown(Exception):
+    """The request may have taken effect (timeout after sending, dropped connection,
+    ambiguous 5xx). For writes this means `unknown` and reconciliation — never a retry."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    run_id: str
+    session_id: str
+    tool_call_id: str  # our ToolCall uuid
+    idempotency_key: str | None
+    timeout: float
+    owner_username: str = ""
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What the downstream system says happened to a request, by idempotency key."""
+
+    applied: bool
+    result: dict | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    effect: str
+    execute: Callable[[ToolContext, BaseModel], dict]
+    approval: str = ApprovalRequirement.NONE
+    timeout: float = 10.0
+    # Reads only: attempts in all, and the first backoff (doubling).
+    max_attempts: int = 3
+    retry_backoff: float = 0.2
+    # Writes: ask the downstream system what happened to a key; None when it cannot tell yet.
+    reconcile: Callable[[ToolContext, BaseModel], Reconciled | None] | None = None
+    # Writes: the business key (e.g. "refund:<order>"); default: hash of run, tool and arguments.
+    business_key: Callable[[BaseModel], str] | None = None
+    extra: dict = field(default_factory=dict)
+
+    def openai_schema(self) -> dict:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.arguments.model_json_schema(),
+            },
+        }
+
+    def idempotency_key_for(self, *, run_id, arguments: BaseModel) -> str:
+        """Stable across re-emissions of the same action (never the model's tool_call_id)."""
+        if self.business_key is not None:
+            return f"{self.name}:{run_id}:{self.business_key(arguments)}"
+        canonical = json.dumps(arguments.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(f"{run_id}|{self.name}|{canonical}".encode()).hexdigest()[:32]
+        return f"{self.name}:{digest}"
+
+
+_REGISTRY: dict[str, Tool] = {}
+
+
+def tool_register(tool: Tool) -> Tool:
+    if tool.effect not in ToolEffect.values:
+        raise ValueError(f"tool {tool.name}: effect must be read or write")
+    if tool.effect == ToolEffect.READ and tool.approval != ApprovalRequirement.NONE:
+        raise ValueError(f"tool {tool.name}: only write tools take an approval policy")
+    _REGISTRY[tool.name] = tool
+    return tool
+
+
+def tool_get(name: str) -> Tool | None:
+    return _REGISTRY.get(name)
+
+
+def tool_list() -> list[Tool]:
+    return list(_REGISTRY.values())
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    return [tool.openai_schema() for tool in _REGISTRY.values()]
