@@ -202,6 +202,9 @@ class Step(models.Model):
     # Which history messages (by seq) the model saw, and any summary it saw instead of older ones.
     context_manifest = models.JSONField(default=dict, blank=True)
     discard_reason = models.CharField(max_length=300, blank=True)
+    # Text streamed so far: saved by the heartbeat while streaming, final at completion, so a
+    # console joining mid-stream can show what was already said.
+    streamed_text = models.TextField(blank=True)
     lease_token = models.BigIntegerField(default=0)
 
     class Meta:

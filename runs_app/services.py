@@ -26,6 +26,7 @@ class RunWrite:
     event_seq: int
     snapshot_version: int
     cancel_requested_at: Any
+    lease_token: int
 
 
 def run_write(
@@ -36,6 +37,7 @@ def run_write(
     expect_statuses: Iterable[str] | None = None,
     lease_token: int | None = None,
     raise_on_miss: bool = False,
+    new_lease_token: bool = False,
 ) -> RunWrite | None:
     """The one conditional UPDATE behind every run change: sets `changes`, bumps the snapshot
     version, allocates gap-free event seqs and appends `events` — all in the caller's
@@ -46,6 +48,10 @@ def run_write(
     events = list(events)
     assignments = [f'"{column}" = %s' for column in changes]
     params: list[Any] = list(changes.values())
+    if new_lease_token:
+        # Ownership changes (claim, revocation) bump the fencing token, so every earlier
+        # holder's conditional writes match no row from now on.
+        assignments.append('"lease_token" = "lease_token" + 1')
     assignments += [
         '"event_seq" = "event_seq" + %s',
         '"snapshot_version" = "snapshot_version" + 1',
@@ -62,7 +68,7 @@ def run_write(
         params.append(lease_token)
     sql = (
         f'UPDATE "runs_app_run" SET {", ".join(assignments)} WHERE {" AND ".join(where)} '
-        'RETURNING "session_id", "status", "event_seq", "snapshot_version", "cancel_requested_at"'
+        'RETURNING "session_id", "status", "event_seq", "snapshot_version", "cancel_requested_at", "lease_token"'
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -117,6 +123,7 @@ def run_transition(
     lease_token: int | None = None,
     event_payload: dict | None = None,
     extra_events: Iterable[tuple[str, dict]] = (),
+    new_lease_token: bool = False,
     **changes: Any,
 ) -> bool:
     """Move `run` to status `to` if it is still in the status we read it in (and, for a
@@ -134,17 +141,21 @@ def run_transition(
             events=[("run_status", payload), *extra_events],
             expect_statuses=[run.status],
             lease_token=lease_token,
+            new_lease_token=new_lease_token,
         )
     if written is None:
         return False
     for field, value in values.items():
         setattr(run, field, value)
+    run.lease_token = written.lease_token
     run.event_seq = written.event_seq
     run.snapshot_version = written.snapshot_version
     return True
 
 
-def run_create(*, session, created_by=None, provider: str | None = None, budgets: dict | None = None) -> Run:
+def run_create(
+    *, session, created_by=None, provider: str | None = None, provider_options: dict | None = None, budgets: dict | None = None
+) -> Run:
     """A queued run for `session`. The caller owns the transaction and enqueues after commit.
     The database's partial unique index refuses a second active run in the same session."""
     budgets = budgets or {}
@@ -153,6 +164,7 @@ def run_create(*, session, created_by=None, provider: str | None = None, budgets
         session=session,
         created_by=created_by,
         provider=provider or settings.WARDEN_MODEL_PROVIDER,
+        provider_options=provider_options or {},
         max_model_calls=budgets.get("max_model_calls", settings.WARDEN_MAX_MODEL_CALLS),
         max_tokens=budgets.get("max_tokens", settings.WARDEN_MAX_TOKENS),
         deadline=budgets.get("deadline") or now + timedelta(seconds=settings.WARDEN_RUN_DEADLINE_SECONDS),
@@ -172,3 +184,17 @@ __all__ = [
     "run_transition",
     "run_write",
 ]
+
+
+def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | None = None) -> bool:
+    """Wake a suspended run (approval decided, reconciliation done, backoff over): it goes back
+    to the queue — the same run, never a new one — and a worker is asked for after commit."""
+    from runs_app.tasks import run_enqueue
+
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
+            return False
+        run_transition(run=run, to=RunStatus.QUEUED, event_payload={"resumed_from": run.wait_reason, **(event_payload or {})})
+        run_enqueue(run.id)
+    return True

@@ -55,6 +55,9 @@ class ToolCall(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)  # read retries and reconciliation
+    # The lease under which the call was last marked running: a running call under an older
+    # token was interrupted by a crash (SPEC §10).
+    lease_token = models.BigIntegerField(default=0)
 
     # Resolution of an `unknown` call: by the reconcile job (resolved_by null) or an operator.
     reconcile_attempts = models.PositiveIntegerField(default=0)
@@ -67,6 +70,7 @@ class ToolCall(models.Model):
 
     class Meta:
         ordering = ["run", "step", "index"]
+        permissions = [("reconcile_toolcall", "Can record the outcome of unknown tool calls")]
         constraints = [
             models.CheckConstraint(condition=Q(effect__in=ToolEffect.values), name="tool_call_effect_valid"),
             models.CheckConstraint(condition=Q(status__in=ToolCallStatus.values), name="tool_call_status_valid"),

@@ -9,7 +9,8 @@ TOOL_CALL_TRANSITIONS: dict[str, frozenset[str]] = {
     T.PENDING: frozenset({T.RUNNING, T.SUCCEEDED, T.FAILED, T.CANCELLED}),
     # running → pending: a read interrupted by a crash is run again.
     # running → unknown: a write whose outcome we cannot know (timeout after sending).
-    T.RUNNING: frozenset({T.PENDING, T.SUCCEEDED, T.FAILED, T.UNKNOWN}),
+    # running → cancelled: only a read marked running but not yet executed when a cancel lands.
+    T.RUNNING: frozenset({T.PENDING, T.SUCCEEDED, T.FAILED, T.UNKNOWN, T.CANCELLED}),
     T.UNKNOWN: frozenset({T.SUCCEEDED, T.FAILED}),
     T.SUCCEEDED: frozenset(),
     T.FAILED: frozenset(),

@@ -1,0 +1,77 @@
+"""User input that arrives while a run is busy, read only at safe points (SPEC §8)."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs_app.engine.context import context_build
+from runs_app.models import Run
+from runs_app.providers import get_provider
+from runs_app.services import run_write
+from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
+from sessions_app.services import messages_append
+
+
+def inputs_at_safe_point(*, run: Run, lease, before: str) -> bool:
+    """Apply pending input in arrival order. Supplements join the history (before a model call
+    only); an intent switch requests this run's cancellation and stays pending, to start the
+    next run; a queued input waits for the run to end and holds back those after it.
+    Returns True when something changed and the checkpoint must be read again."""
+    pending = list(PendingInput.objects.filter(session_id=run.session_id, consumed_at__isnull=True).order_by("id"))
+    changed = False
+    for item in pending:
+        mode = item.resolved_mode or item.mode
+        if mode == InputMode.AUTO:
+            mode = _classify(run=run, lease=lease, item=item)
+        if mode == InputMode.QUEUE:
+            break
+        if mode == InputMode.NEW_INTENT:
+            _request_cancel_for(run=run, lease=lease, item=item)
+            return True
+        if before != "model":
+            break
+        with transaction.atomic():
+            (message,) = messages_append(
+                session_id=run.session_id, messages=[Message(role=MessageRole.USER, content=item.content, run_id=run.id)]
+            )
+            PendingInput.objects.filter(pk=item.pk, consumed_at__isnull=True).update(
+                consumed_at=timezone.now(), consumed_by=run, disposition=InputDisposition.SUPPLEMENTED,
+                resolved_mode=InputMode.SUPPLEMENT, message=message,
+            )
+            run_write(
+                run_id=run.id,
+                events=[("input_applied", {"pending_input": item.pk, "mode": InputMode.SUPPLEMENT, "message_seq": message.seq, "content": item.content})],
+                lease_token=lease.token,
+            )
+        changed = True
+    return changed
+
+
+def _classify(*, run: Run, lease, item: PendingInput) -> str:
+    provider = get_provider(run.provider)
+    history = context_build(session_id=run.session_id).messages
+    verdict = provider.classify_input(history=history, text=item.content)
+    mode = verdict.mode if verdict.mode in (InputMode.SUPPLEMENT, InputMode.NEW_INTENT) else InputMode.SUPPLEMENT
+    with transaction.atomic():
+        PendingInput.objects.filter(pk=item.pk).update(resolved_mode=mode, classification_reason=verdict.reason[:300])
+        run_write(
+            run_id=run.id,
+            events=[("input_classified", {"pending_input": item.pk, "mode": mode, "reason": verdict.reason})],
+            lease_token=lease.token,
+        )
+    item.resolved_mode = mode
+    return mode
+
+
+def _request_cancel_for(*, run: Run, lease, item: PendingInput) -> None:
+    with transaction.atomic():
+        PendingInput.objects.filter(pk=item.pk).update(resolved_mode=InputMode.NEW_INTENT)
+        run_write(
+            run_id=run.id,
+            changes={
+                "cancel_requested_at": timezone.now(),
+                "cancel_requested_by_id": item.submitted_by_id,
+                "cancel_reason": f"intent switch: {item.content[:200]}",
+            },
+            events=[("cancel_requested", {"by": None, "reason": "intent switch", "pending_input": item.pk})],
+            lease_token=lease.token,
+        )

@@ -1,0 +1,119 @@
+"""The worker loop: drive one run under a fenced lease until it suspends, ends, or its time
+slice is used (SPEC §2–§6, §10, §11).
+
+Each pass reads the checkpoint and does the next thing it calls for, so a fresh run, a resumed
+one and one taken over from a dead worker all go through the same code:
+  open tool calls in the latest tools step → execute them (or wait for approval/reconciliation)
+  latest model step still `running`        → a half-received response: discard, ask again
+  latest model step answered without tools → the run is complete
+  otherwise                                → safe point (pending input), then call the model
+Every step boundary is one transaction fenced by the lease token; each commit both finishes
+one thing and starts the next, so a model step and a read tool call cost one commit each.
+"""
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from runs_app.engine import model_step, tool_exec
+from runs_app.engine.faults import fault_point
+from runs_app.engine.lease import Heartbeat, Lease, run_claim, worker_identity
+from runs_app.engine.state import Checkpoint, RunFailure, StopDriving, checkpoint_load
+from runs_app.models import Run, RunErrorCode, RunStatus
+from runs_app.services import run_transition
+from runs_app.transitions import LeaseLost
+
+logger = logging.getLogger("warden.engine")
+
+
+def run_drive(*, run_id: str) -> str:
+    """Entry point of a worker task. Returns a short word for the task log."""
+    close_old_connections()
+    lease = run_claim(run_id=run_id, owner=worker_identity())
+    if lease is None:
+        return "not-claimable"
+    fault_point("after_claim")
+    heartbeat = Heartbeat(lease)
+    heartbeat.start()
+    try:
+        return Driver(lease, heartbeat).drive()
+    except LeaseLost:
+        logger.warning("run %s: lease %s lost; stopping without further writes", run_id, lease.token)
+        return "lease-lost"
+    finally:
+        heartbeat.stop()
+
+
+class Driver:
+    def __init__(self, lease: Lease, heartbeat: Heartbeat):
+        self.lease = lease
+        self.heartbeat = heartbeat
+        self.slice_ends = time.monotonic() + settings.WARDEN_SLICE_SECONDS
+
+    def drive(self) -> str:
+        while True:
+            if self.heartbeat.lease_lost.is_set():
+                raise LeaseLost(f"run {self.lease.run_id}: heartbeat found the lease gone")
+            cp = checkpoint_load(run_id=self.lease.run_id, lease=self.lease)
+            if cp.run.status != RunStatus.RUNNING:
+                return cp.run.status
+            try:
+                outcome = self.advance(cp)
+            except StopDriving as stop:
+                return stop.outcome
+            except RunFailure as failure:
+                self.fail(cp.run, failure.code, failure.detail)
+                return "failed"
+            if outcome:
+                return outcome
+            if time.monotonic() >= self.slice_ends:
+                return self.yield_slice(cp.run)
+
+    def advance(self, cp: Checkpoint) -> str | None:
+        run = cp.run
+        if run.cancel_requested_at is not None or self.heartbeat.cancel_requested.is_set():
+            from runs_app.engine.cancel import run_cancel_by_worker
+
+            return run_cancel_by_worker(cp=cp, lease=self.lease)
+        if timezone.now() >= run.deadline:
+            raise RunFailure(RunErrorCode.DEADLINE, f"the run passed its deadline {run.deadline.isoformat()}")
+        if cp.open_tool_calls:
+            return tool_exec.tools_advance(cp=cp, lease=self.lease, heartbeat=self.heartbeat)
+        latest = cp.latest_step
+        if latest is not None and latest.kind == "model" and latest.status == "running" and latest.lease_token != self.lease.token:
+            # Opened by a worker that is gone: whatever it had received is discarded (SPEC §10).
+            model_step.model_step_discard(cp=cp, lease=self.lease, reason="worker lost mid-stream; output discarded")
+            return None
+        if cp.answered:
+            return self.complete(run)
+        return model_step.model_turn(cp=cp, lease=self.lease, heartbeat=self.heartbeat)
+
+    def complete(self, run: Run) -> str:
+        from sessions_app.services import session_start_next_run
+
+        with transaction.atomic():
+            run_transition(run=run, to=RunStatus.COMPLETED, lease_token=self.lease.token)
+            session_start_next_run(session_id=run.session_id)
+        return "completed"
+
+    def fail(self, run: Run, code: str, detail: str) -> None:
+        from sessions_app.services import session_start_next_run
+
+        run = Run.objects.get(pk=run.pk)
+        with transaction.atomic():
+            run_transition(
+                run=run, to=RunStatus.FAILED, lease_token=self.lease.token, error_code=code, error_detail=detail[:2000]
+            )
+            session_start_next_run(session_id=run.session_id)
+
+    def yield_slice(self, run: Run) -> str:
+        """Time slice used: hand the run back to the queue so other runs get workers too."""
+        from runs_app.tasks import run_enqueue
+
+        with transaction.atomic():
+            run_transition(run=run, to=RunStatus.QUEUED, lease_token=self.lease.token, event_payload={"reason": "time slice used"})
+            run_enqueue(run.id)
+        return "yielded"

@@ -1,0 +1,56 @@
+"""Reading the checkpoint a worker resumes from."""
+
+from dataclasses import dataclass, field
+
+from runs_app.engine.lease import Lease
+from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus
+from runs_app.transitions import LeaseLost
+from tools_app.models import ToolCall, ToolCallStatus
+
+OPEN_TOOL_CALL_STATUSES = (ToolCallStatus.PENDING, ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN)
+
+
+class RunFailure(Exception):
+    def __init__(self, code: str, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class StopDriving(Exception):
+    """The run was suspended or handed over in the middle of a pass; the task ends."""
+
+    def __init__(self, outcome: str):
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+@dataclass
+class Checkpoint:
+    run: Run
+    latest_step: Step | None
+    tools_step: Step | None = None
+    open_tool_calls: list[ToolCall] = field(default_factory=list)
+
+    @property
+    def answered(self) -> bool:
+        """The latest model step produced a final answer: a completed model step is followed by
+        a tools step whenever it asked for tools, so being latest means it did not."""
+        step = self.latest_step
+        return step is not None and step.kind == StepKind.MODEL and step.status == StepStatus.COMPLETED
+
+
+def checkpoint_load(*, run_id, lease: Lease) -> Checkpoint:
+    run = Run.objects.get(pk=run_id)
+    if run.lease_token != lease.token or (run.status == RunStatus.RUNNING and run.lease_owner != lease.owner):
+        raise LeaseLost(f"run {run_id}: token {run.lease_token} is not ours ({lease.token})")
+    latest = Step.objects.filter(run_id=run_id).order_by("-index").first()
+    cp = Checkpoint(run=run, latest_step=latest)
+    if latest is not None and latest.kind == StepKind.TOOLS and latest.status == StepStatus.RUNNING:
+        cp.tools_step = latest
+        cp.open_tool_calls = list(
+            ToolCall.objects.filter(step=latest, status__in=OPEN_TOOL_CALL_STATUSES)
+            .select_related("reused_from")
+            .order_by("index")
+        )
+    return cp

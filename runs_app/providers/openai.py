@@ -1,0 +1,184 @@
+"""A streaming provider for any OpenAI-compatible Chat Completions server.
+
+The SDK's own retries are off (max_retries=0): retrying is the run-time's decision, with
+backoff recorded on the run. Errors are sorted into transient (429, 408, 5xx, network,
+dropped stream) and permanent (other 4xx).
+"""
+
+import email.utils
+import functools
+import json
+import re
+import time
+from typing import Iterator, Literal
+
+import httpx
+import openai
+from django.conf import settings
+from pydantic import BaseModel, Field
+
+from runs_app.providers.base import (
+    Finish,
+    InputClassification,
+    ModelRequest,
+    PermanentModelError,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    TransientModelError,
+    Usage,
+)
+from runs_app.providers.scripted import classify_input_by_rules
+
+_DEFAULT_TIMEOUT_SECONDS = 60.0
+_CLASSIFY_TIMEOUT_SECONDS = 15.0
+_CLASSIFY_HISTORY_MESSAGES = 12
+_TRANSIENT_4XX = (408, 429)
+
+CLASSIFY_INSTRUCTIONS = (
+    "You route a user's new message in a chat where an agent run is already in progress. "
+    'Answer "supplement" if the message adds information to, or continues, the current request '
+    '(for example "the order number is 9527"); answer "new_intent" if it abandons it or asks for '
+    'something unrelated (for example "forget it, what\'s the weather?"). '
+    'Reply with only a JSON object: {"mode": "supplement" | "new_intent", "reason": "<one sentence>"}.'
+)
+
+
+class _Classification(BaseModel):
+    mode: Literal["supplement", "new_intent"]
+    reason: str = Field(min_length=1)
+
+
+class OpenAIProvider:
+    name = "openai"
+
+    def stream(self, request: ModelRequest) -> Iterator[StreamEvent]:
+        arguments = {
+            "model": request.options.get("model") or settings.OPENAI_MODEL,
+            "messages": request.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            arguments["tools"] = request.tools
+        try:
+            response = _client(_timeout(request)).chat.completions.create(**arguments)
+        except openai.APIError as error:
+            raise _model_error(error) from error
+
+        finish = None
+        try:
+            for chunk in response:
+                if chunk.usage is not None:
+                    yield Usage(input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens)
+                for choice in chunk.choices:
+                    if choice.index != 0:
+                        continue
+                    yield from _delta_events(choice.delta)
+                    finish = choice.finish_reason or finish
+        except (openai.APIError, httpx.HTTPError) as error:
+            raise TransientModelError(f"model stream broken: {error}") from error
+        finally:
+            # Also runs on generator.close() (cancel, lease lost): drops the HTTP connection now.
+            response.close()
+        # Finish is held back to the end: it then also means the stream arrived complete.
+        if finish is not None:
+            yield Finish(finish)
+
+    def classify_input(self, *, history: list[dict], text: str) -> InputClassification:
+        try:
+            return self._classify_with_model(history=history, text=text)
+        except Exception as error:  # any failure of the model route falls back to the rules
+            fallback = classify_input_by_rules(history=history, text=text)
+            reason = f"fallback: {fallback.reason} (model answer unusable: {type(error).__name__})"
+            return InputClassification(fallback.mode, reason)
+
+    def _classify_with_model(self, *, history: list[dict], text: str) -> InputClassification:
+        recent = [
+            {"role": message.get("role"), "content": message.get("content") or ""}
+            for message in history[-_CLASSIFY_HISTORY_MESSAGES:]
+            if message.get("role") in ("user", "assistant") and message.get("content")
+        ]
+        completion = _client(_CLASSIFY_TIMEOUT_SECONDS).chat.completions.create(
+            model=settings.OPENAI_MODEL,
+            messages=[
+                {"role": "system", "content": CLASSIFY_INSTRUCTIONS},
+                {"role": "user", "content": json.dumps({"history": recent, "new_input": text})},
+            ],
+        )
+        content = completion.choices[0].message.content if completion.choices else None
+        answer = _Classification.model_validate_json(_json_object_text(content or ""))
+        return InputClassification(answer.mode, answer.reason)
+
+
+def _delta_events(delta) -> Iterator[StreamEvent]:
+    if delta is None:
+        return
+    if delta.content:
+        yield TextDelta(delta.content)
+    for call in delta.tool_calls or []:
+        function = call.function
+        yield ToolCallDelta(
+            index=call.index,
+            id=call.id,
+            name=function.name if function else None,
+            arguments=(function.arguments if function else None) or "",
+        )
+
+
+def _model_error(error: openai.APIError) -> Exception:
+    if isinstance(error, (openai.APIConnectionError, openai.APITimeoutError)):
+        return TransientModelError(f"model server unreachable: {error}")
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        if status in _TRANSIENT_4XX or status >= 500:
+            return TransientModelError(
+                error.message,
+                status=status,
+                retry_after=_retry_after(error.response.headers),
+            )
+        return PermanentModelError(error.message, status=status)
+    return TransientModelError(f"model call failed: {error}")
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds:
+        try:
+            return float(milliseconds) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, moment.timestamp() - time.time())
+
+
+def _json_object_text(content: str) -> str:
+    """Models like to wrap JSON in prose or code fences: take the outermost object."""
+    match = re.search(r"\{.*\}", content, flags=re.DOTALL)
+    if not match:
+        raise ValueError("no JSON object in the model's answer")
+    return match.group(0)
+
+
+def _timeout(request: ModelRequest) -> float:
+    return float(request.options.get("timeout") or getattr(settings, "OPENAI_TIMEOUT_SECONDS", _DEFAULT_TIMEOUT_SECONDS))
+
+
+def _client(timeout: float) -> openai.OpenAI:
+    return _cached_client(settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY, timeout)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_client(base_url: str, api_key: str, timeout: float) -> openai.OpenAI:
+    # One client (and connection pool) per configuration; httpx clients are thread-safe.
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)

@@ -1,0 +1,109 @@
+"""Resolving `unknown` write calls (SPEC §6): ask the downstream system by idempotency key, or
+let an operator record what happened, with evidence. Then the run resumes."""
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs_app.models import Run, WaitReason
+from runs_app.services import run_resume
+from tools_app.models import Resolution, ToolCall, ToolCallStatus
+from tools_app.registry import ToolContext, tool_get
+from tools_app.services import tool_call_event_payload
+
+logger = logging.getLogger("warden.reconcile")
+
+# Automatic reconciliation gives up after this many inconclusive lookups; then the call waits
+# in the operators' unknown-calls queue.
+RECONCILE_MAX_AUTO_ATTEMPTS = 8
+
+
+class ReconcileError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def tool_call_reconcile_auto(*, tool_call: ToolCall) -> str:
+    """One automatic lookup. Returns 'resolved', 'unresolved' or 'manual'."""
+    tool = tool_get(tool_call.tool_name)
+    if tool is None or tool.reconcile is None:
+        ToolCall.objects.filter(pk=tool_call.pk).update(next_attempt_at=None)
+        return "manual"
+    context = ToolContext(
+        run_id=str(tool_call.run_id), session_id="", tool_call_id=str(tool_call.id),
+        idempotency_key=tool_call.idempotency_key, timeout=tool.timeout,
+    )
+    try:
+        verdict = tool.reconcile(context, tool.arguments.model_validate(tool_call.arguments))
+    except Exception:  # noqa: BLE001 - an inconclusive lookup is retried later
+        logger.warning("reconcile of %s failed", tool_call.id, exc_info=True)
+        verdict = None
+    if verdict is None:
+        attempts = tool_call.reconcile_attempts + 1
+        next_at = None if attempts >= RECONCILE_MAX_AUTO_ATTEMPTS else timezone.now() + timedelta(seconds=min(300, 2**attempts))
+        ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(
+            reconcile_attempts=attempts, next_attempt_at=next_at
+        )
+        return "unresolved" if next_at else "manual"
+    detail = verdict.detail or ("downstream has the request under this key" if verdict.applied else "downstream has no such request")
+    tool_call_resolve(
+        tool_call=tool_call, applied=verdict.applied, result=verdict.result,
+        evidence=f"automatic reconciliation by idempotency key {tool_call.idempotency_key}: {detail}", acting_user=None,
+    )
+    return "resolved"
+
+
+def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acting_user, result: dict | None = None) -> ToolCall:
+    """Record the truth about an unknown call: applied → succeeded, not applied → failed. A human
+    needs the permission and must give evidence; the decision is audited. The run resumes
+    once none of its calls is unknown."""
+    from approvals_app.services import audit_record
+    from runs_app.engine.tool_exec import tool_message
+    from runs_app.services import run_write
+    from sessions_app.services import messages_append
+
+    if acting_user is not None and not acting_user.has_perm("tools_app.reconcile_toolcall"):
+        raise ReconcileError("not_permitted", "You may not reconcile tool calls.")
+    if not (evidence or "").strip():
+        raise ReconcileError("evidence_required", "Evidence is required to record an outcome.")
+    to = ToolCallStatus.SUCCEEDED if applied else ToolCallStatus.FAILED
+    now = timezone.now()
+    values = {
+        "status": to,
+        "resolution": Resolution.APPLIED if applied else Resolution.NOT_APPLIED,
+        "resolved_by": acting_user,
+        "resolved_at": now,
+        "evidence": evidence.strip(),
+        "next_attempt_at": None,
+        "result": result if applied else None,
+        "error_code": "" if applied else "not_applied",
+        "error_detail": "" if applied else f"reconciled: not applied ({evidence.strip()[:200]})",
+    }
+    with transaction.atomic():
+        updated = ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(**values)
+        if not updated:
+            current = ToolCall.objects.get(pk=tool_call.pk)
+            raise ReconcileError("not_unknown", f"This tool call is {current.status}, not unknown; nothing to reconcile.")
+        for field, value in values.items():
+            setattr(tool_call, field, value)
+        session_id = Run.objects.values_list("session_id", flat=True).get(pk=tool_call.run_id)
+        messages_append(session_id=session_id, messages=[tool_message(tool_call)])
+        run_write(
+            run_id=tool_call.run_id,
+            events=[("tool_call", tool_call_event_payload(tool_call) | {"resolution": values["resolution"], "evidence": values["evidence"]})],
+            raise_on_miss=True,
+        )
+        if acting_user is not None:
+            audit_record(
+                actor=acting_user, action="reconcile", obj=tool_call, run_id=tool_call.run_id,
+                before={"status": ToolCallStatus.UNKNOWN}, after={"status": to, "resolution": values["resolution"]},
+                note=evidence,
+            )
+        still_unknown = ToolCall.objects.filter(run_id=tool_call.run_id, status=ToolCallStatus.UNKNOWN).exists()
+        if not still_unknown:
+            run_resume(run_id=tool_call.run_id, wait_reasons=[WaitReason.RECONCILIATION], event_payload={"tool_call": str(tool_call.id)})
+    return tool_call
