@@ -178,6 +178,8 @@ WARDEN_SCRIPTED_DELAY_SECONDS = float(os.environ.get("WARDEN_SCRIPTED_DELAY_SECO
 OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
 OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "not-needed")
 OPENAI_MODEL = os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
+# OPENAI_TIMEOUT_SECONDS: per-request timeout of the OpenAI-compatible client; default 60.
+OPENAI_TIMEOUT_SECONDS = float(os.environ.get("OPENAI_TIMEOUT_SECONDS", 60))
 
 # WARDEN_SIM_BASE_URL: where demo tools reach the simulated order/payment service; default this server.
 WARDEN_SIM_BASE_URL = os.environ.get("WARDEN_SIM_BASE_URL", "http://127.0.0.1:8000/sim")

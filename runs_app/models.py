@@ -107,7 +107,7 @@ class Run(models.Model):
     wait_type = models.CharField(max_length=32, blank=True)
     request_id = models.CharField(max_length=64, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
-    resume_target = models.CharField(max_length=32, blank=True)
+    resume_target = models.CharField(max_length=64, blank=True)
 
     # Budgets and usage.
     provider = models.CharField(max_length=32, default="scripted")

@@ -132,7 +132,8 @@ class Heartbeat(threading.Thread):
             step_id, text_getter = streaming
             with connection.cursor() as cursor:
                 cursor.execute(
-                    'UPDATE "runs_app_step" SET "streamed_text" = %s WHERE "id" = %s AND "lease_token" = %s',
+                    'UPDATE "runs_app_step" SET "streamed_text" = %s '
+                    'WHERE "id" = %s AND "lease_token" = %s AND "status" = \'running\'',
                     [text_getter(), step_id, self.lease.token],
                 )
         return True

@@ -15,7 +15,7 @@ import logging
 import time
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
 from runs_app.engine import model_step, tool_exec
@@ -38,11 +38,27 @@ def run_drive(*, run_id: str) -> str:
     fault_point("after_claim")
     heartbeat = Heartbeat(lease)
     heartbeat.start()
+    driver = Driver(lease, heartbeat)
     try:
-        return Driver(lease, heartbeat).drive()
+        return driver.drive()
     except LeaseLost:
         logger.warning("run %s: lease %s lost; stopping without further writes", run_id, lease.token)
         return "lease-lost"
+    except (OperationalError, InterfaceError):
+        # The database went away (restart, terminated connection): nothing half-written was
+        # committed; the lease expires and the sweeper hands the run to a worker again.
+        logger.warning("run %s: database error; leaving the run for takeover", run_id, exc_info=True)
+        close_old_connections()
+        return "database-error"
+    except Exception as error:
+        # A bug must not become a crash loop: fail the run, fenced, with the error on record.
+        logger.exception("run %s: unexpected error", run_id)
+        close_old_connections()
+        try:
+            driver.fail(Run.objects.get(pk=run_id), RunErrorCode.INTERNAL, f"{type(error).__name__}: {error}")
+        except LeaseLost:
+            return "lease-lost"
+        return "failed"
     finally:
         heartbeat.stop()
 

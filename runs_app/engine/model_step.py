@@ -141,7 +141,7 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
     except TransientModelError as error:
         return _backoff(run=run, lease=lease, step=step, error=error)
     except PermanentModelError as error:
-        _step_close(step=step, status=StepStatus.FAILED, reason=f"model error: {error}")
+        _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"model error: {error}")
         raise RunFailure(RunErrorCode.MODEL_ERROR, f"{error} (status {error.status})") from error
     if result.aborted:
         model_step_discard(cp=cp, lease=lease, reason=f"stream aborted: {result.aborted}", step=step)
@@ -173,7 +173,7 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
                 result.text += event.text
                 pending_text += event.text
                 if time.monotonic() - last_flush >= DELTA_FLUSH_SECONDS:
-                    _flush_text(run=run, step=step, offset=offset, text=pending_text)
+                    _flush_text(run=run, step=step, offset=offset, text=pending_text, so_far=result.text)
                     offset += len(pending_text)
                     pending_text = ""
                     last_flush = time.monotonic()
@@ -199,16 +199,20 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
             close()
         heartbeat.streaming(step_id=None, text_getter=None)
     if pending_text:
-        _flush_text(run=run, step=step, offset=offset, text=pending_text)
+        _flush_text(run=run, step=step, offset=offset, text=pending_text, so_far=result.text)
     return result
 
 
-def _flush_text(*, run: Run, step: Step, offset: int, text: str) -> None:
-    publish_delta(
-        session_id=run.session_id,
-        run_id=run.id,
-        delta={"kind": "text_delta", "step": step.index, "offset": offset, "text": text},
-    )
+# Deltas also carry the whole text so far while it is short, so a console that joins in the
+# middle of a stream is complete after one delta, whatever it missed.
+SO_FAR_LIMIT = 16_000
+
+
+def _flush_text(*, run: Run, step: Step, offset: int, text: str, so_far: str) -> None:
+    delta = {"kind": "text_delta", "step": step.index, "offset": offset, "text": text}
+    if len(so_far) <= SO_FAR_LIMIT:
+        delta["so_far"] = so_far
+    publish_delta(session_id=run.session_id, run_id=run.id, delta=delta)
 
 
 def _validate(result: StreamResult) -> str:
@@ -239,15 +243,17 @@ def _validate(result: StreamResult) -> str:
     return ""
 
 
-def _step_close(*, step: Step, status: str, reason: str = "") -> None:
-    Step.objects.filter(pk=step.pk).update(status=status, discard_reason=reason[:300], finished_at=timezone.now())
+def _step_close(*, step: Step, lease: Lease, status: str, reason: str = "") -> None:
+    with transaction.atomic():
+        run_write(run_id=step.run_id, lease_token=lease.token)  # fence: a lost lease writes nothing
+        Step.objects.filter(pk=step.pk).update(status=status, discard_reason=reason[:300], finished_at=timezone.now())
 
 
 def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError) -> str:
     """Transient model error: wait with exponential backoff and jitter, up to a limit."""
     retries = run.model_retries + 1
     if retries > settings.WARDEN_MAX_MODEL_RETRIES:
-        _step_close(step=step, status=StepStatus.FAILED, reason=f"transient model error: {error}")
+        _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"transient model error: {error}")
         raise RunFailure(RunErrorCode.MODEL_RETRIES, f"{retries - 1} transient model errors; last: {error}")
     delay = settings.WARDEN_RETRY_BASE_SECONDS * (2 ** (retries - 1))
     delay = min(delay, 300) * random.uniform(0.8, 1.2)

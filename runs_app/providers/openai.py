@@ -70,13 +70,14 @@ class OpenAIProvider:
         try:
             for chunk in response:
                 if chunk.usage is not None:
-                    yield Usage(input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens)
-                for choice in chunk.choices:
+                    usage = chunk.usage
+                    yield Usage(input_tokens=usage.prompt_tokens or 0, output_tokens=usage.completion_tokens or 0)
+                for choice in chunk.choices or []:
                     if choice.index != 0:
                         continue
                     yield from _delta_events(choice.delta)
                     finish = choice.finish_reason or finish
-        except (openai.APIError, httpx.HTTPError) as error:
+        except (openai.APIError, httpx.HTTPError, ValueError) as error:  # ValueError: a garbled SSE line
             raise TransientModelError(f"model stream broken: {error}") from error
         finally:
             # Also runs on generator.close() (cancel, lease lost): drops the HTTP connection now.
@@ -171,7 +172,8 @@ def _json_object_text(content: str) -> str:
 
 
 def _timeout(request: ModelRequest) -> float:
-    return float(request.options.get("timeout") or getattr(settings, "OPENAI_TIMEOUT_SECONDS", _DEFAULT_TIMEOUT_SECONDS))
+    default = getattr(settings, "OPENAI_TIMEOUT_SECONDS", _DEFAULT_TIMEOUT_SECONDS)
+    return float(request.options.get("timeout") or default)
 
 
 def _client(timeout: float) -> openai.OpenAI:

@@ -364,7 +364,7 @@ def _plan_user_level(current: _Request) -> Plan:
 
 def _plan_weather(current: _Request) -> Plan:
     city = _city(current.intent_text)
-    lookups = [r for r in current.results_of("get_weather") if str(r.arguments.get("city", "")).lower() == city.lower()]
+    lookups = [r for r in current.results_of("get_weather") if str(r.arguments.get("city")).lower() == city.lower()]
     if not lookups:
         return Plan(calls=(PlannedCall("get_weather", {"city": city}),))
     if lookups[-1].error:
