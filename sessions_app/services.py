@@ -51,7 +51,15 @@ class PostResult:
     pending_input: PendingInput | None = None
 
 
-def message_post(*, session: Session, content: str, mode: str = InputMode.AUTO, acting_user) -> PostResult:
+def message_post(
+    *,
+    session: Session,
+    content: str,
+    mode: str = InputMode.AUTO,
+    acting_user,
+    budgets: dict | None = None,
+    provider_options: dict | None = None,
+) -> PostResult:
     """The user says something. With no active run it starts one (queued, enqueued after
     commit); while a run is active the input is stored as pending — never lost, never a
     second concurrent run — and the run reads it at its next safe point (SPEC §8)."""
@@ -68,7 +76,9 @@ def message_post(*, session: Session, content: str, mode: str = InputMode.AUTO, 
         Session.objects.select_for_update().filter(pk=session.pk).values_list("pk").get()
         active = Run.objects.filter(session_id=session.pk, status__in=ACTIVE_STATUSES).first()
         if active is None:
-            run, message = session_start_run(session=session, content=content, acting_user=acting_user)
+            run, message = session_start_run(
+                session=session, content=content, acting_user=acting_user, budgets=budgets, provider_options=provider_options
+            )
             run_enqueue(run.id)
             return PostResult(disposition="started_run", run=run, message=message)
         pending = PendingInput.objects.create(session=session, content=content, mode=mode, submitted_by=acting_user)
@@ -80,12 +90,12 @@ def message_post(*, session: Session, content: str, mode: str = InputMode.AUTO, 
         return PostResult(disposition="pending", run=active, pending_input=pending)
 
 
-def session_start_run(*, session: Session, content: str, acting_user, provider=None, provider_options=None):
+def session_start_run(*, session: Session, content: str, acting_user, budgets=None, provider_options=None):
     """A new queued run whose first message is the user's `content`. Caller holds the session
     lock and enqueues after commit."""
     from runs_app.services import run_create
 
-    run = run_create(session=session, created_by=acting_user, provider=provider, provider_options=provider_options)
+    run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options)
     (message,) = messages_append(
         session_id=session.pk, messages=[Message(role=MessageRole.USER, content=content, run=run)]
     )
