@@ -148,3 +148,31 @@ def test_a_stalled_worker_resumed_after_takeover_writes_nothing(procs, demo_worl
     assert Run.objects.get(pk=run.id).status == RunStatus.COMPLETED
     assert Run.objects.get(pk=run.id).lease_token > stalled_token
     assert _seqs_gap_free(run.id)
+
+
+def test_weather_and_refund_flows_through_the_openai_provider(procs, demo_world):
+    """The same flows with the `openai` provider, against a local server speaking the real
+    Chat Completions streaming wire format (SSE chunks, tool-call fragments, usage)."""
+    import sys
+
+    from django.test import override_settings
+
+    from tests.support.processes import free_port
+
+    port = free_port()
+    procs.start("fake-openai", [sys.executable, "-m", "tests.support.fake_openai_server", "--port", str(port)])
+    procs.start_web()
+    procs.start_workers(workers=2, env={"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "test"})
+    with override_settings(WARDEN_MODEL_PROVIDER="openai"):
+        weather = _post("What's the weather in Paris?")
+        refund = _post("Check order 9527 and refund it if it's eligible")
+    assert weather.provider == refund.provider == "openai"
+    wait_for(lambda: _status(weather.id) in ("completed", "failed"), message="the weather run to finish")
+    wait_for(lambda: _status(refund.id) in ("waiting", "completed", "failed"), message="the refund run to suspend")
+    stored = Run.objects.get(pk=weather.id)
+    assert stored.status == RunStatus.COMPLETED, stored.error_detail
+    assert "Paris" in stored.messages.filter(role=MessageRole.ASSISTANT).order_by("-seq").first().content
+    assert stored.tokens_used > 0  # usage arrived through the stream
+    stored = Run.objects.get(pk=refund.id)
+    assert (stored.status, stored.wait_reason) == (RunStatus.WAITING, WaitReason.APPROVAL)
+    assert ToolCall.objects.get(run=refund, tool_name="execute_refund").status == ToolCallStatus.PENDING

@@ -29,6 +29,9 @@ class Command(BaseCommand):
         ]
         if not no_workers:
             children.append(subprocess.Popen([sys.executable, "manage.py", "qcluster"], env=env))
+            # Second-level recovery (expired leases, backoffs, reconciliation); the django-q2
+            # schedule does the same every minute where this process is not run.
+            children.append(subprocess.Popen([sys.executable, "manage.py", "sweep", "--loop"], env=env))
         base = f"http://{host}:{port}"
         self.stdout.write(
             self.style.SUCCESS(
