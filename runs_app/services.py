@@ -17,6 +17,17 @@ _WAIT_CONTEXT_CLEARED = {"wait_type": "", "request_id": "", "expires_at": None, 
 _LEASE_RELEASED = {"lease_owner": "", "lease_expires_at": None}
 
 
+# The event seq of this process's own last fenced write per run: a checkpoint whose event_seq
+# differs was touched by someone else (input queued, cancel requested, a decision), so only
+# then does the worker look for those things. Rolled-back writes leave a stale value, which
+# only costs one extra look.
+_lease_holder_seq: dict[str, int] = {}
+
+
+def run_touched_by_others(run: Run) -> bool:
+    return _lease_holder_seq.get(str(run.id)) != run.event_seq
+
+
 @dataclass(frozen=True)
 class RunWrite:
     """What a fenced run write returned."""
@@ -78,6 +89,9 @@ def run_write(
             raise LeaseLost(f"run {run_id}: lease token {lease_token} no longer current")
         return None
     written = RunWrite(*row)
+    if lease_token is not None:
+        # (Not on a claim: input may have been queued before it, so the first pass must look.)
+        _lease_holder_seq[str(run_id)] = written.event_seq
     if events:
         first_seq = written.event_seq - len(events) + 1
         records = [

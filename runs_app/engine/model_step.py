@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from runs_app.engine.context import context_build
 from runs_app.engine.faults import fault_point
-from runs_app.engine.lease import Heartbeat, Lease, lease_expiry
+from runs_app.engine.lease import Heartbeat, Lease
 from runs_app.engine.state import Checkpoint, RunFailure, StopDriving
 from runs_app.live import publish_delta
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
@@ -86,7 +86,6 @@ def model_step_open(*, run: Run, lease: Lease, close_tools_step: Step | None = N
                 "phase": RunPhase.CALLING_MODEL,
                 "model_calls": run.model_calls + 1,
                 "step_count": index + 1,
-                "lease_expires_at": lease_expiry(),
             },
             events=[("step_started", {"step": index, "kind": StepKind.MODEL}), ("run_status", _running(RunPhase.CALLING_MODEL))],
             lease_token=lease.token,
@@ -107,7 +106,6 @@ def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step 
     with transaction.atomic():
         run_write(
             run_id=cp.run.id,
-            changes={"lease_expires_at": lease_expiry()},
             events=[("step_discarded", {"step": step.index, "reason": reason, "previous_lease_token": step.lease_token})],
             lease_token=lease.token,
         )
@@ -310,7 +308,7 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
                  "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "tool_calls": len(calls)},
             )
         ]
-        changes = {"tokens_used": run.tokens_used + tokens, "lease_expires_at": lease_expiry()}
+        changes = {"tokens_used": run.tokens_used + tokens}
         if not calls:
             # A final answer: the run completes in the same commit.
             from sessions_app.services import session_start_next_run

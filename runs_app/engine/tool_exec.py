@@ -17,7 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs_app.engine.faults import fault_point
-from runs_app.engine.lease import Heartbeat, Lease, lease_expiry
+from runs_app.engine.lease import Heartbeat, Lease
 from runs_app.engine.state import Checkpoint, StopDriving
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from runs_app.services import run_transition, run_write
@@ -63,10 +63,11 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
     """Rows for a model turn's tool calls, in the caller's transaction. Writes get their
     idempotency key now; a write the run already made (same key) points at the original
     instead of getting a second call. The leading reads are marked running at once."""
+    has_writes = any(tool_get(c.name).effect == ToolEffect.WRITE for c in proposed)
     existing = {
         c.idempotency_key: c
         for c in ToolCall.objects.filter(run_id=run.id, effect=ToolEffect.WRITE, idempotency_key__isnull=False)
-    }
+    } if has_writes else {}
     rows: list[ToolCall] = []
     for position, call in enumerate(proposed):
         tool = tool_get(call.name)
@@ -258,7 +259,7 @@ def _reads_execute(*, run: Run, lease: Lease, batch: list[ToolCall]) -> list[Out
                 call.status = ToolCallStatus.RUNNING
             run_write(
                 run_id=run.id,
-                changes={"phase": RunPhase.EXECUTING_TOOLS, "lease_expires_at": lease_expiry()},
+                changes={"phase": RunPhase.EXECUTING_TOOLS},
                 events=[("tool_call", tool_call_event_payload(c)) for c in pending],
                 lease_token=lease.token,
             )
@@ -278,7 +279,7 @@ def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
         call.attempts += 1
         run_write(
             run_id=run.id,
-            changes={"phase": RunPhase.EXECUTING_TOOLS, "lease_expires_at": lease_expiry()},
+            changes={"phase": RunPhase.EXECUTING_TOOLS},
             events=[("tool_call", tool_call_event_payload(call) | {"idempotency_key": call.idempotency_key})],
             lease_token=lease.token,
         )
@@ -323,7 +324,9 @@ def _finish(*, cp: Checkpoint, lease: Lease, outcomes: list[Outcome]) -> None:
             _apply_outcome(outcome)
         messages_append(session_id=run.session_id, messages=[tool_message(o.call) for o in outcomes])
         events = [("tool_call", tool_call_event_payload(o.call)) for o in outcomes]
-        changes: dict[str, Any] = {"lease_expires_at": lease_expiry()}
+        # The lease is extended by the heartbeat, not here: keeping the indexed lease_expires_at
+        # out of checkpoints lets PostgreSQL update the run row in place (HOT).
+        changes: dict[str, Any] = {}
         if remaining:
             next_reads = _leading_reads(remaining)
             now = timezone.now()
