@@ -55,7 +55,11 @@ def _blocks(messages: list[Message]) -> list[list[Message]]:
 
 def context_build(*, session_id, window_tokens: int | None = None) -> BuiltContext:
     window = window_tokens or settings.WARDEN_CONTEXT_TOKENS
-    history = list(Message.objects.filter(session_id=session_id).order_by("seq"))
+    history = list(
+        Message.objects.filter(session_id=session_id)
+        .only("seq", "role", "content", "tool_calls", "tool_call_id")
+        .order_by("seq")
+    )
     budget = window - estimate_tokens(SYSTEM_PROMPT)
     chosen: list[list[Message]] = []
     for block in reversed(_blocks(history)):
