@@ -2,9 +2,13 @@ import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-from django.db import close_old_connections
+import logging
+
+from django.db import close_old_connections, connections
 
 from runs_app.engine.sweeper import sweep_once
+
+logger = logging.getLogger("warden.sweeper")
 
 
 class Command(BaseCommand):
@@ -18,8 +22,12 @@ class Command(BaseCommand):
         interval = interval or settings.WARDEN_SWEEP_SECONDS
         while True:
             close_old_connections()
-            counts = sweep_once()
             if not loop:
-                self.stdout.write(str(counts))
+                self.stdout.write(str(sweep_once()))
                 return
+            try:
+                sweep_once()
+            except Exception:  # a dropped database connection must not end the sweeper
+                logger.warning("sweep failed; retrying", exc_info=True)
+                connections.close_all()
             time.sleep(interval)

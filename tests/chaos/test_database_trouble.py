@@ -1,0 +1,50 @@
+"""Terminating the workers' database connections mid-run loses and duplicates nothing."""
+
+import time
+
+import pytest
+from django.db import connection
+
+from runs_app.models import RunStatus
+from tests.chaos.helpers import all_terminal, approve_pending, post, refund_outcomes_are_honest, seqs_gap_free
+from tests.support.processes import wait_for
+
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+
+def _terminate_other_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_terminated_connections_mid_run_lose_and_duplicate_nothing(procs, demo_world, desk_operator):
+    procs.start_web()
+    procs.start_workers(workers=2)
+    procs.start_sweeper()
+    runs = [post(f"Check order {n} and refund it if it's eligible", provider_options={"delay": 0.05}) for n in (1001, 1002, 1003)]
+    runs += [post("please run noop 5", provider_options={"delay": 0.05}) for _ in range(2)]
+    run_ids = [r.id for r in runs]
+    terminated = 0
+    for _ in range(4):
+        time.sleep(1.0)
+        approve_pending(desk_operator)
+        terminated += _terminate_other_backends()
+    assert terminated > 0
+
+    def settled():
+        approve_pending(desk_operator)
+        return all_terminal(run_ids)
+
+    wait_for(settled, timeout=150, interval=0.5, message="every run to finish after the database trouble")
+    from runs_app.models import Run
+
+    assert Run.objects.filter(pk__in=run_ids).count() == len(run_ids)
+    assert refund_outcomes_are_honest(run_ids) == []
+    noop_runs = Run.objects.filter(pk__in=run_ids[3:])
+    assert all(r.status == RunStatus.COMPLETED for r in noop_runs), [(r.status, r.error_code, r.error_detail) for r in noop_runs]
+    for run_id in run_ids:
+        assert seqs_gap_free(run_id)
