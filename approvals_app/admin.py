@@ -1,21 +1,205 @@
-from django.contrib import admin
+"""The approval queue and the audit trail of the operators' desk (SPEC §7, §13).
 
-from approvals_app.models import Approval, AuditEntry
+Both are read-only models in the admin: the only way to change an approval is the decision
+page, which calls `approval_decide` like every other interface."""
+
+from django.contrib import admin
+from django.db.models import Case, IntegerField, Value, When
+from django.urls import NoReverseMatch, path, reverse
+from django.utils.html import format_html, format_html_join
+
+from approvals_app.admin_display import age, compact_arguments, pretty_json, table, time_to_expiry
+from approvals_app.admin_views import approval_decide_view
+from approvals_app.models import Approval, ApprovalStatus, AuditEntry
+from approvals_app.selectors import approval_conversation, approval_read_results
+from approvals_app.services import approval_can_decide
 from config.admin_base import ReadOnlyAdmin
+
+DECIDE_PERMISSION = "approvals_app.decide_approval"
+
+# Pending requests first (they are the queue), then oldest first.
+PENDING_FIRST = Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1), output_field=IntegerField())
 
 
 @admin.register(Approval)
 class ApprovalAdmin(ReadOnlyAdmin):
-    list_display = ("id", "run", "tool_call", "policy", "status", "requested_at", "expires_at", "decided_by", "decided_at")
-    list_select_related = ("run", "tool_call", "decided_by")
+    list_display = (
+        "short_id", "status", "tool", "arguments_summary", "requested_by", "requested_at", "expiry", "decided_by",
+        "decided_at",
+    )
+    list_display_links = ("short_id",)
+    list_select_related = ("run__session__owner", "tool_call", "decided_by")
     list_filter = ("status", "policy")
-    search_fields = ("=id", "=run__id")
-    ordering = ("requested_at",)
+    search_fields = ("=id", "=run__id", "tool_call__tool_name", "tool_call__idempotency_key")
+    ordering = (PENDING_FIRST.asc(), "requested_at")
+    fieldsets = (
+        ("Decision", {"fields": ("status", "expiry", "policy", "requested_at", "expires_at", "decided_by", "decided_at", "note")}),
+        ("What is asked", {"fields": ("tool", "arguments_pretty", "idempotency_key", "run_link", "session_link")}),
+        ("What the run found (read tools)", {"fields": ("read_results",)}),
+        ("Conversation (latest messages)", {"fields": ("conversation",)}),
+    )
+    readonly_fields = (
+        "expiry", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
+    )
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/approve/", wrap(self.approve_view), name="approvals_app_approval_approve"),
+            path("<path:object_id>/reject/", wrap(self.reject_view), name="approvals_app_approval_reject"),
+            *super().get_urls(),
+        ]
+
+    def approve_view(self, request, object_id):
+        return approval_decide_view(request, model_admin=self, object_id=object_id, decision="approve")
+
+    def reject_view(self, request, object_id):
+        return approval_decide_view(request, model_admin=self, object_id=object_id, decision="reject")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by")
+
+    def has_view_permission(self, request, obj=None):
+        # Whoever may decide may see the queue they decide from.
+        return super().has_view_permission(request, obj) or request.user.has_perm(DECIDE_PERMISSION)
+
+    def has_module_permission(self, request):
+        return super().has_module_permission(request) or request.user.has_perm(DECIDE_PERMISSION)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        approval = self.get_object(request, object_id)
+        extra_context = {**(extra_context or {}), "can_decide": approval is not None and self._decidable(request, approval)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _decidable(self, request, approval: Approval) -> bool:
+        return approval.status == ApprovalStatus.PENDING and approval_can_decide(user=request.user, approval=approval)
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, obj):
+        return str(obj.pk)[:8]
+
+    @admin.display(description="tool", ordering="tool_call__tool_name")
+    def tool(self, obj):
+        return obj.tool_call.tool_name
+
+    @admin.display(description="arguments")
+    def arguments_summary(self, obj):
+        return compact_arguments(obj.tool_call.arguments)
+
+    @admin.display(description="arguments")
+    def arguments_pretty(self, obj):
+        return pretty_json(obj.tool_call.arguments)
+
+    @admin.display(description="idempotency key")
+    def idempotency_key(self, obj):
+        return obj.tool_call.idempotency_key or "—"
+
+    @admin.display(description="session of", ordering="run__session__owner__username")
+    def requested_by(self, obj):
+        return obj.run.session.owner.get_username()
+
+    @admin.display(description="expires")
+    def expiry(self, obj):
+        return time_to_expiry(obj.expires_at) if obj.status == ApprovalStatus.PENDING else "—"
+
+    @admin.display(description="run")
+    def run_link(self, obj):
+        url = reverse("admin:runs_app_run_change", args=[obj.run_id])
+        return format_html('<a href="{}">{}</a> ({}{})', url, obj.run_id, obj.run.status,
+                           f" / {obj.run.wait_reason}" if obj.run.wait_reason else "")
+
+    @admin.display(description="session")
+    def session_link(self, obj):
+        url = reverse("admin:sessions_app_session_change", args=[obj.run.session_id])
+        return format_html('<a href="{}">{}</a> (owner {})', url, obj.run.session, obj.run.session.owner.get_username())
+
+    @admin.display(description="results")
+    def read_results(self, obj):
+        calls = approval_read_results(approval=obj)
+        if not calls:
+            return "No read tool ran in this run."
+        return table(
+            ["tool", "arguments", "result"],
+            [(call.tool_name, compact_arguments(call.arguments), pretty_json(call.result)) for call in calls],
+        )
+
+    @admin.display(description="messages")
+    def conversation(self, obj):
+        messages = approval_conversation(approval=obj)
+        if not messages:
+            return "—"
+        return table(
+            ["#", "role", "said", "when"],
+            [(m.seq, m.role + (f" ({m.tool_name})" if m.tool_name else ""), _message_text(m), age(m.created_at) + " ago")
+             for m in messages],
+        )
+
+    def get_list_display(self, request):
+        # The decide column depends on who looks at the queue.
+        @admin.display(description="decide")
+        def decide(obj):
+            if not self._decidable(request, obj):
+                return ""
+            return format_html(
+                '<a class="button" href="{}">Approve…</a> <a class="button" href="{}">Reject…</a>',
+                reverse("admin:approvals_app_approval_approve", args=[obj.pk]),
+                reverse("admin:approvals_app_approval_reject", args=[obj.pk]),
+            )
+
+        return (*self.list_display, decide)
+
+
+def _message_text(message) -> str:
+    if message.tool_calls:
+        asked = format_html_join(", ", "{}({})", ((c.get("name"), c.get("arguments")) for c in message.tool_calls))
+        return format_html("{} <em>asks for</em> {}", message.content, asked)
+    return message.content[:500] + ("…" if len(message.content) > 500 else "")
+
+
+# Where an audit entry's object is shown; object_type is the model name it was recorded with.
+AUDIT_OBJECT_ADMIN = {
+    "approval": "admin:approvals_app_approval_change",
+    "toolcall": "admin:tools_app_toolcall_change",
+    "run": "admin:runs_app_run_change",
+}
 
 
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "actor", "action", "object_type", "object_id", "run")
+    """Every human decision, immutable (the database refuses UPDATE and DELETE too)."""
+
+    list_display = ("created_at", "actor", "action", "object_link", "run", "change_summary", "short_note")
     list_select_related = ("actor", "run")
-    list_filter = ("action", "object_type")
-    search_fields = ("=object_id", "=run__id", "actor__username")
+    list_filter = ("action", "object_type", ("actor", admin.RelatedOnlyFieldListFilter), "created_at")
+    search_fields = ("=object_id", "=run__id", "actor__username", "note")
+    date_hierarchy = "created_at"
+    fieldsets = (
+        (None, {"fields": ("created_at", "actor", "action", "object_link", "run", "note")}),
+        ("State", {"fields": ("before_pretty", "after_pretty")}),
+    )
+    readonly_fields = ("object_link", "before_pretty", "after_pretty")
+
+    @admin.display(description="object", ordering="object_type")
+    def object_link(self, obj):
+        label = f"{obj.object_type} {obj.object_id}"
+        try:
+            url = reverse(AUDIT_OBJECT_ADMIN[obj.object_type], args=[obj.object_id])
+        except (KeyError, NoReverseMatch):
+            return label
+        return format_html('<a href="{}">{}</a>', url, label)
+
+    @admin.display(description="before → after")
+    def change_summary(self, obj):
+        return f"{compact_arguments(obj.before, 60)} → {compact_arguments(obj.after, 60)}"
+
+    @admin.display(description="note")
+    def short_note(self, obj):
+        return obj.note if len(obj.note) <= 80 else obj.note[:79] + "…"
+
+    @admin.display(description="before")
+    def before_pretty(self, obj):
+        return pretty_json(obj.before)
+
+    @admin.display(description="after")
+    def after_pretty(self, obj):
+        return pretty_json(obj.after)

@@ -111,9 +111,14 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_postgres.core.PostgresChannelLayer",
-            "CONFIG": {key: _db[key] for key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT")},
+            # TIME_ZONE: the layer builds a Django DatabaseWrapper from this dict, which needs the key
+            # (Django only fills it in DATABASES after setup); without it get_channel_layer() is None.
+            "CONFIG": {**{key: _db[key] for key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT")}, "TIME_ZONE": None},
         }
     }
+    # The layer's group_discard goes through the ORM on this alias (same database; tests mirror
+    # default). Without it every disconnect fails and leaves its channel in the group for good.
+    DATABASES["channels_postgres"] = {**_db, "TEST": {"MIRROR": "default"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -1,9 +1,20 @@
-from django.contrib import admin
+"""Runs with their steps, tool calls, approvals and events; cancelling runs (SPEC §9, §13).
 
+Cancel is `run_cancel_request` (runs_app/engine/cancel.py), the same service the API and the
+console use; it needs `runs_app.change_run`."""
+
+from django.contrib import admin
+from django.urls import path
+
+from approvals_app.admin_display import compact_arguments, pretty_json, table
 from approvals_app.models import Approval
 from config.admin_base import ReadOnlyAdmin, ReadOnlyInline
+from runs_app.admin_views import run_cancel_view, runs_cancel_action
+from runs_app.engine.cancel import applied_effects
 from runs_app.models import ContextSummary, Run, RunEvent, Step
 from tools_app.models import ToolCall
+
+CANCEL_PERMISSION = "runs_app.change_run"
 
 
 class StepInline(ReadOnlyInline):
@@ -39,7 +50,56 @@ class RunAdmin(ReadOnlyAdmin):
     list_filter = ("status", "phase", "wait_reason", "provider")
     search_fields = ("=id", "=session__id")
     date_hierarchy = "created_at"
+    actions = ("request_cancel",)
     inlines = [StepInline, ToolCallInline, ApprovalInline, RunEventInline]
+    fieldsets = (
+        (None, {"fields": ("id", "session", "created_by", "status", "phase", "wait_reason", "provider")}),
+        ("Applied side effects", {"fields": ("applied_effects_display",)}),
+        ("Wait context", {"fields": ("wait_type", "request_id", "expires_at", "resume_target")}),
+        ("Cancellation", {"fields": ("cancel_requested_at", "cancel_requested_by", "cancel_reason")}),
+        ("Error", {"fields": ("error_code", "error_detail")}),
+        ("Budgets and usage", {"fields": (
+            "model_calls", "max_model_calls", "tokens_used", "max_tokens", "deadline", "model_retries", "provider_options",
+        )}),
+        ("Lease and checkpoint", {"fields": (
+            "lease_owner", "lease_token", "lease_expires_at", "snapshot_version", "event_seq", "step_count",
+        )}),
+        ("Times", {"fields": ("created_at", "started_at", "finished_at", "updated_at")}),
+    )
+    readonly_fields = ("id", "applied_effects_display", "created_at", "updated_at")
+
+    def has_cancel_permission(self, request) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/cancel/", wrap(self.cancel_view), name="runs_app_run_cancel"),
+            *super().get_urls(),
+        ]
+
+    def cancel_view(self, request, object_id):
+        return run_cancel_view(request, model_admin=self, object_id=object_id)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        run = self.get_object(request, object_id)
+        can_cancel = run is not None and not run.is_terminal and self.has_cancel_permission(request)
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), "can_cancel": can_cancel})
+
+    @admin.action(description="Cancel selected runs…", permissions=["cancel"])
+    def request_cancel(self, request, queryset):
+        return runs_cancel_action(self, request, queryset)
+
+    @admin.display(description="applied effects")
+    def applied_effects_display(self, obj):
+        effects = applied_effects(run_id=obj.pk)
+        if not effects:
+            return "None: no write of this run took effect."
+        return table(
+            ["tool", "arguments", "result", "idempotency key", "finished"],
+            [(e["tool"], compact_arguments(e["arguments"]), pretty_json(e["result"]), e["idempotency_key"], e["finished_at"])
+             for e in effects],
+        )
 
 
 @admin.register(Step)
@@ -62,3 +122,4 @@ class RunEventAdmin(ReadOnlyAdmin):
 class ContextSummaryAdmin(ReadOnlyAdmin):
     list_display = ("id", "session", "covers_through_seq", "created_at")
     list_select_related = ("session",)
+

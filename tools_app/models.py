@@ -108,3 +108,13 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_name} ({self.status})"
+
+
+class UnknownToolCall(ToolCall):
+    """The operators' unknown-calls queue (SPEC §6, §13): the same rows as ToolCall, shown in
+    the admin as their own list of `unknown` writes waiting for reconciliation."""
+
+    class Meta:
+        proxy = True
+        ordering = ["created_at"]
+        verbose_name = "unknown tool call"

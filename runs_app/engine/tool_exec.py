@@ -260,13 +260,22 @@ def _reads_execute(*, run: Run, lease: Lease, batch: list[ToolCall]) -> list[Out
             run_write(
                 run_id=run.id,
                 changes={"phase": RunPhase.EXECUTING_TOOLS},
-                events=[("tool_call", tool_call_event_payload(c)) for c in pending],
+                events=[*_phase_event(run), *(("tool_call", tool_call_event_payload(c)) for c in pending)],
                 lease_token=lease.token,
             )
+            run.phase = RunPhase.EXECUTING_TOOLS
     if len(batch) == 1:
         return [_read_once(run, batch[0])]
     with ThreadPoolExecutor(max_workers=min(8, len(batch))) as pool:
         return list(pool.map(lambda c: _read_once(run, c), batch))
+
+
+def _phase_event(run: Run) -> list[tuple[str, dict]]:
+    """A phase change is a lifecycle event (SPEC §3): a run resumed straight into a tool call
+    must show `running / executing_tools` in its event log, not only in its row."""
+    if run.phase == RunPhase.EXECUTING_TOOLS:
+        return []
+    return [("run_status", {"status": RunStatus.RUNNING, "phase": RunPhase.EXECUTING_TOOLS, "wait_reason": ""})]
 
 
 def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
@@ -280,9 +289,10 @@ def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
         run_write(
             run_id=run.id,
             changes={"phase": RunPhase.EXECUTING_TOOLS},
-            events=[("tool_call", tool_call_event_payload(call) | {"idempotency_key": call.idempotency_key})],
+            events=[*_phase_event(run), ("tool_call", tool_call_event_payload(call) | {"idempotency_key": call.idempotency_key})],
             lease_token=lease.token,
         )
+        run.phase = RunPhase.EXECUTING_TOOLS
     fault_point("after_key_commit")
     arguments = tool.arguments.model_validate(call.arguments)
     try:

@@ -1,0 +1,199 @@
+"""The approval queue in the admin (SPEC §7, §13): what an operator sees, and approving or
+rejecting over HTTP, logged in, with CSRF — only through approval_decide."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals_app.models import Approval, ApprovalStatus, AuditEntry
+from approvals_app.services import ApprovalNotPermitted, approval_decide
+from runs_app.models import Run, RunEvent, RunStatus
+from sessions_app.models import Message, MessageRole
+from tests.desk.conftest import csrf_client, csrf_token_of, messages_of
+from tests.factories import ApprovalFactory, SessionFactory
+from tools_app.models import ToolCall, ToolCallStatus
+
+pytestmark = pytest.mark.django_db
+
+QUEUE = reverse("admin:approvals_app_approval_changelist")
+
+
+def approve_url(approval) -> str:
+    return reverse("admin:approvals_app_approval_approve", args=[approval.pk])
+
+
+def reject_url(approval) -> str:
+    return reverse("admin:approvals_app_approval_reject", args=[approval.pk])
+
+
+def decide_over_http(client, url: str, note: str):
+    """What a browser does: open the confirmation page, then post its form with the token."""
+    page = client.get(url)
+    assert page.status_code == 200, page.status_code
+    return client.post(url, {"note": note, "csrfmiddlewaretoken": csrf_token_of(page)}, follow=True)
+
+
+def test_queue_lists_pending_first_then_oldest_first(operator):
+    now = timezone.now()
+    decided_oldest = ApprovalFactory()
+    Approval.objects.filter(pk=decided_oldest.pk).update(
+        status=ApprovalStatus.EXPIRED, decided_at=now, requested_at=now - timedelta(hours=5)
+    )
+    newer = ApprovalFactory()
+    older = ApprovalFactory()
+    Approval.objects.filter(pk=newer.pk).update(requested_at=now - timedelta(hours=1))
+    Approval.objects.filter(pk=older.pk).update(requested_at=now - timedelta(hours=2))
+    response = csrf_client(operator).get(QUEUE)
+    assert [a.pk for a in response.context["cl"].result_list] == [older.pk, newer.pk, decided_oldest.pk]
+
+
+def test_queue_shows_time_to_expiry_tool_arguments_and_decide_buttons(operator, pending_refund):
+    body = csrf_client(operator).get(QUEUE).content.decode()
+    assert "execute_refund" in body and "order_id=9527" in body and "amount=25.00" in body
+    assert "in 59\xa0minutes" in body or "in 1\xa0hour" in body
+    assert approve_url(pending_refund.approval) in body and reject_url(pending_refund.approval) in body
+
+
+def test_approval_page_shows_conversation_arguments_and_order_details(operator, pending_refund):
+    url = reverse("admin:approvals_app_approval_change", args=[pending_refund.approval.pk])
+    body = csrf_client(operator).get(url).content.decode()
+    assert "Check order 9527 and refund it if it&#x27;s eligible" in body  # the conversation
+    assert "Order 9527 is eligible; refunding it." in body
+    assert '&quot;amount&quot;: &quot;25.00&quot;' in body  # pretty-printed arguments
+    assert "query_order" in body and "&quot;refund_eligible&quot;: true" in body  # the order, from the read tool
+    assert "idempotency key" in body.lower() and pending_refund.refund.idempotency_key in body
+    assert 'id="approve-link"' in body and 'id="reject-link"' in body
+
+
+def test_operator_approves_over_http_with_csrf(operator, pending_refund):
+    approval = pending_refund.approval
+    response = decide_over_http(csrf_client(operator), approve_url(approval), note="checked the order")
+    assert response.redirect_chain[-1][0] == QUEUE
+    assert any(m.startswith("Approved") for m in messages_of(response))
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.APPROVED
+    assert approval.decided_by == operator and approval.note == "checked the order"
+    # The same run resumes (queued for a worker); it is not a new run.
+    assert Run.objects.get(pk=pending_refund.run.pk).status == RunStatus.QUEUED
+    assert Run.objects.filter(session=pending_refund.run.session).count() == 1
+    entry = AuditEntry.objects.get(object_id=str(approval.pk))
+    assert (entry.actor, entry.action, entry.before, entry.after) == (
+        operator, "approve", {"status": "pending"}, {"status": "approved"}
+    )
+    assert RunEvent.objects.filter(run=pending_refund.run, type="approval_decided").count() == 1
+
+
+def test_a_post_without_the_csrf_token_is_refused(operator, pending_refund):
+    response = csrf_client(operator).post(approve_url(pending_refund.approval), {"note": "no token"})
+    assert response.status_code == 403
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.status == ApprovalStatus.PENDING
+
+
+def test_second_decision_is_told_who_decided_first(operator, pending_refund):
+    from tests.desk.conftest import staff_user
+
+    second = staff_user("second-operator", "decide_approval")
+    first_client, second_client = csrf_client(operator), csrf_client(second)
+    # Both operators open the confirmation page; the first one confirms.
+    second_page = second_client.get(approve_url(pending_refund.approval))
+    decide_over_http(first_client, approve_url(pending_refund.approval), note="first")
+    response = second_client.post(
+        approve_url(pending_refund.approval), {"note": "second", "csrfmiddlewaretoken": csrf_token_of(second_page)}, follow=True
+    )
+    assert any(m.startswith(f"Already approved by {operator.username} at ") for m in messages_of(response)), messages_of(response)
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.decided_by == operator and pending_refund.approval.note == "first"
+    assert AuditEntry.objects.filter(object_id=str(pending_refund.approval.pk)).count() == 1
+
+
+def test_reject_needs_a_note_and_tells_the_model(operator, pending_refund):
+    client = csrf_client(operator)
+    page = client.get(reject_url(pending_refund.approval))
+    response = client.post(reject_url(pending_refund.approval), {"note": "", "csrfmiddlewaretoken": csrf_token_of(page)})
+    assert response.status_code == 200 and "This field is required" in response.content.decode()
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.status == ApprovalStatus.PENDING
+
+    response = decide_over_http(client, reject_url(pending_refund.approval), note="customer already compensated")
+    assert any(m.startswith("Rejected") for m in messages_of(response))
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.status == ApprovalStatus.REJECTED
+    refund = ToolCall.objects.get(pk=pending_refund.refund.pk)
+    assert refund.status == ToolCallStatus.CANCELLED and refund.error_code == "approval_rejected"
+    told = Message.objects.get(session=pending_refund.run.session, role=MessageRole.TOOL, tool_call_id="call_r")
+    assert "customer already compensated" in told.content
+    assert AuditEntry.objects.get(object_id=str(pending_refund.approval.pk)).action == "reject"
+
+
+def test_staff_without_the_permission_sees_no_buttons_and_cannot_decide(viewer, pending_refund):
+    approval = pending_refund.approval
+    client = csrf_client(viewer)
+    assert approve_url(approval) not in client.get(QUEUE).content.decode()
+    page = client.get(reverse("admin:approvals_app_approval_change", args=[approval.pk]))
+    assert page.status_code == 200 and 'id="approve-link"' not in page.content.decode()
+    confirm = client.get(approve_url(approval))
+    assert confirm.status_code == 403 and 'id="decide-form"' not in confirm.content.decode()
+    response = client.post(approve_url(approval), {"note": "sneaky", "csrfmiddlewaretoken": csrf_token_of(page)})
+    assert response.status_code == 403
+    assert "You may not decide this approval." in messages_of(response)
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING and approval.decided_by is None
+    assert not AuditEntry.objects.exists()
+    assert Run.objects.get(pk=pending_refund.run.pk).status == RunStatus.WAITING
+    # The service refuses on its own, whatever the interface.
+    with pytest.raises(ApprovalNotPermitted):
+        approval_decide(approval=approval, decision="approve", note="", acting_user=viewer)
+
+
+def test_four_eyes_an_operator_cannot_approve_a_refund_from_their_own_session(operator):
+    approval = ApprovalFactory(tool_call__step__run__session=SessionFactory(owner=operator))
+    client = csrf_client(operator)
+    assert client.get(approve_url(approval)).status_code == 403
+    with pytest.raises(ApprovalNotPermitted):
+        approval_decide(approval=approval, decision="approve", note="", acting_user=operator)
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING
+
+
+def test_nothing_but_the_decision_page_changes_an_approval(operator, pending_refund):
+    client = csrf_client(operator)
+    change = reverse("admin:approvals_app_approval_change", args=[pending_refund.approval.pk])
+    token = csrf_token_of(client.get(change))
+    assert client.post(change, {"status": "approved", "csrfmiddlewaretoken": token}).status_code == 403
+    delete = reverse("admin:approvals_app_approval_delete", args=[pending_refund.approval.pk])
+    assert client.post(delete, {"post": "yes", "csrfmiddlewaretoken": token}).status_code == 403
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.status == ApprovalStatus.PENDING
+
+
+def test_queue_renders_at_a_constant_query_count_for_an_operator(operator):
+    client = csrf_client(operator)
+    ApprovalFactory()
+    client.get(QUEUE)  # warm the permission cache of the session's user
+    with CaptureQueriesContext(connection) as few:
+        assert client.get(QUEUE).status_code == 200
+    for _ in range(5):
+        ApprovalFactory()
+    with CaptureQueriesContext(connection) as many:
+        assert client.get(QUEUE).status_code == 200
+    assert len(many) == len(few)
+
+
+def test_the_decide_permission_alone_opens_the_queue(pending_refund):
+    from django.contrib.auth.models import Permission
+
+    from tests.factories import UserFactory
+
+    decider = UserFactory(username="decider", is_staff=True)
+    decider.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    client = csrf_client(decider)
+    assert client.get(QUEUE).status_code == 200
+    response = decide_over_http(client, approve_url(pending_refund.approval), note="ok")
+    assert any(m.startswith("Approved") for m in messages_of(response))
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.decided_by == decider
