@@ -6,6 +6,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()  # set up Django before importing consumers
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
@@ -13,7 +14,9 @@ from sessions_app.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Static files (admin and console CSS/JS) are served by the app itself, so `make run`
+        # needs no separate web server; a production deployment may put a CDN in front.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
         # Origin checked against ALLOWED_HOSTS, then the Django session identifies the user;
         # consumers check ownership themselves.
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
