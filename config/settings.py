@@ -202,8 +202,11 @@ Q_CLUSTER = {
     # WARDEN_WORKERS: worker processes per cluster; default 2.
     "workers": _env_int("WARDEN_WORKERS", 2),
     "orm": "default",
-    "timeout": int(WARDEN_SLICE_SECONDS + 20),
-    "retry": int(WARDEN_SLICE_SECONDS + 60),
+    # A task yields its run after WARDEN_SLICE_SECONDS, but only between steps: a long model
+    # stream or tool call may overrun the slice, so the hard timeout leaves room for it.
+    # WARDEN_TASK_TIMEOUT_SECONDS: django-q2's hard kill of a task; default 300.
+    "timeout": _env_int("WARDEN_TASK_TIMEOUT_SECONDS", 300),
+    "retry": _env_int("WARDEN_TASK_TIMEOUT_SECONDS", 300) + 60,
     "max_attempts": 1,
     "ack_failures": True,
     "catch_up": False,
