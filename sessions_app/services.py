@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from runs_app.models import ACTIVE_STATUSES, Run
+from runs_app.models import ACTIVE_STATUSES, Run, RunStatus
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput, Session
 
 logger = logging.getLogger("warden.sessions")
@@ -87,6 +87,13 @@ def message_post(
             kind="input_queued",
             payload={"pending_input": pending.id, "mode": mode, "content": content},
         )
+        if mode == InputMode.NEW_INTENT and active.status != RunStatus.RUNNING:
+            # Nobody is driving the run to reach a safe point (it waits for a person or is
+            # queued): cancel it now; the input then starts the next run.
+            from runs_app.engine.cancel import run_cancel_request
+
+            PendingInput.objects.filter(pk=pending.pk).update(resolved_mode=InputMode.NEW_INTENT)
+            run_cancel_request(run=active, acting_user=acting_user, reason=f"intent switch: {content[:200]}")
         return PostResult(disposition="pending", run=active, pending_input=pending)
 
 

@@ -91,3 +91,28 @@ def test_an_intent_switch_cancels_the_run_and_starts_a_new_one(procs, demo_world
     assert "Paris" in second.messages.filter(role=MessageRole.ASSISTANT).order_by("-seq").first().content
     reason = RunEvent.objects.get(run=first, type="input_classified").payload["reason"]
     assert "new_intent" in reason
+
+
+def test_an_intent_switch_while_waiting_for_approval_cancels_at_once(transactional_db, live_server):
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from approvals_app.models import Approval, ApprovalStatus
+    from runs_app.engine.loop import run_drive
+
+    call_command("seed_demo", verbosity=0)
+    user = UserFactory()
+    session = session_create(owner=user, title="switch while waiting")
+    with override_settings(WARDEN_SIM_BASE_URL=live_server.url + "/sim"):
+        first = message_post(session=session, content="Check order 9527 and refund it if it's eligible", acting_user=user,
+                             provider_options={"delay": 0}).run
+        run_drive(run_id=str(first.id))
+    first.refresh_from_db()
+    assert first.status == RunStatus.WAITING
+    result = message_post(session=session, content="forget it", mode=InputMode.NEW_INTENT, acting_user=user)
+    first.refresh_from_db()
+    assert result.disposition == "pending" and first.status == RunStatus.CANCELLED
+    assert Approval.objects.get(run=first).status == ApprovalStatus.REJECTED
+    follow_up = Run.objects.filter(session=session).exclude(pk=first.pk).get()
+    assert follow_up.status == RunStatus.QUEUED
+    assert PendingInput.objects.get(session=session).consumed_by == follow_up
