@@ -1,0 +1,193 @@
+"""JSON endpoints of the simulated order/payment service, mounted at /sim/.
+
+Machine endpoints, so csrf_exempt — except the fault switchboard, which is for staff signed in
+with a Django session and therefore checks CSRF (answering JSON, not Django's HTML page).
+The service endpoints are async so an injected delay sleeps on the event loop instead of
+holding the one thread daphne runs sync views on."""
+
+import json
+from decimal import Decimal, InvalidOperation
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+
+from tools_app.demo.faults import fault_before_work, fault_deliver
+from tools_app.demo.models import SimFaultTarget
+from tools_app.demo.selectors import (
+    sim_fault_list,
+    sim_order_detail,
+    sim_refund_count,
+    sim_refund_get_by_key,
+    sim_refund_payload,
+    sim_user_level_detail,
+    sim_weather_for,
+)
+from tools_app.demo.services import CENT, SimError, sim_fault_clear, sim_fault_consume, sim_fault_set, sim_refund_book
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+def _error(status: int, code: str, detail: str = "", **extra) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "detail": detail, **extra}}, status=status)
+
+
+def _method_not_allowed(request: HttpRequest, allowed: list[str]) -> JsonResponse:
+    response = _error(405, "method_not_allowed", f"{request.method} not allowed; use {', '.join(allowed)}")
+    response["Allow"] = ", ".join(allowed)
+    return response
+
+
+def _json_body(request: HttpRequest) -> dict:
+    try:
+        payload = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SimError(400, "invalid_json", str(exc)) from exc
+    if not isinstance(payload, dict):
+        raise SimError(400, "invalid_json", "the body must be a JSON object")
+    return payload
+
+
+def _amount(value) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise SimError(400, "invalid_amount", "amount must be a decimal string such as \"25.00\"")
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation as exc:
+        raise SimError(400, "invalid_amount", f"not a decimal: {value!r}") from exc
+    if not amount.is_finite() or amount <= 0 or amount != amount.quantize(CENT):
+        raise SimError(400, "invalid_amount", "amount must be positive with at most 2 decimals")
+    return amount.quantize(CENT)
+
+
+async def order_detail_view(request: HttpRequest, order_id: str) -> JsonResponse:
+    if request.method != "GET":
+        return _method_not_allowed(request, ["GET"])
+    fault = await sync_to_async(sim_fault_consume)(target=SimFaultTarget.ORDER)
+    if (refusal := await fault_before_work(fault)) is not None:
+        return refusal
+    order = await sync_to_async(sim_order_detail)(order_id=order_id)
+    if order is None:
+        return _error(404, "order_not_found", f"no order {order_id}")
+    return await fault_deliver(request, fault, order, 200)
+
+
+async def user_level_view(request: HttpRequest, user_id: str) -> JsonResponse:
+    if request.method != "GET":
+        return _method_not_allowed(request, ["GET"])
+    fault = await sync_to_async(sim_fault_consume)(target=SimFaultTarget.USER_LEVEL)
+    if (refusal := await fault_before_work(fault)) is not None:
+        return refusal
+    level = await sync_to_async(sim_user_level_detail)(user_id=user_id)
+    if level is None:
+        return _error(404, "user_not_found", f"no user {user_id}")
+    return await fault_deliver(request, fault, level, 200)
+
+
+async def weather_view(request: HttpRequest) -> JsonResponse:
+    if request.method != "GET":
+        return _method_not_allowed(request, ["GET"])
+    city = request.GET.get("city", "").strip()
+    if not city:
+        return _error(400, "city_required", "pass ?city=")
+    fault = await sync_to_async(sim_fault_consume)(target=SimFaultTarget.WEATHER)
+    if (refusal := await fault_before_work(fault)) is not None:
+        return refusal
+    return await fault_deliver(request, fault, sim_weather_for(city=city), 200)
+
+
+@csrf_exempt
+async def refunds_view(request: HttpRequest) -> JsonResponse:
+    if request.method == "POST":
+        return await _refund_create(request)
+    if request.method == "GET":
+        return await _refund_lookup(request)
+    return _method_not_allowed(request, ["GET", "POST"])
+
+
+async def _refund_create(request: HttpRequest):
+    idempotency_key = request.headers.get("Idempotency-Key", "").strip()
+    if not idempotency_key:
+        return _error(400, "idempotency_key_required", "send an Idempotency-Key header")
+    if len(idempotency_key) > MAX_IDEMPOTENCY_KEY_LENGTH:
+        return _error(400, "idempotency_key_too_long", f"at most {MAX_IDEMPOTENCY_KEY_LENGTH} characters")
+    try:
+        payload = _json_body(request)
+        order_id, reason = payload.get("order_id"), payload.get("reason", "")
+        if not isinstance(order_id, str) or not order_id.strip():
+            raise SimError(400, "invalid_request", "order_id must be a non-empty string")
+        if not isinstance(reason, str) or len(reason) > 200:
+            raise SimError(400, "invalid_request", "reason must be a string of at most 200 characters")
+        amount = _amount(payload.get("amount"))
+    except SimError as exc:
+        return _error(exc.status, exc.code, exc.detail)
+
+    fault = await sync_to_async(sim_fault_consume)(target=SimFaultTarget.REFUND)
+    if (refusal := await fault_before_work(fault)) is not None:
+        return refusal
+    try:
+        refund, replayed = await sync_to_async(sim_refund_book)(
+            order_id=order_id.strip(), amount=amount, reason=reason, idempotency_key=idempotency_key
+        )
+    except SimError as exc:
+        return _error(exc.status, exc.code, exc.detail)
+    body = {**sim_refund_payload(refund), "replayed": replayed}
+    return await fault_deliver(request, fault, body, 200 if replayed else 201)
+
+
+async def _refund_lookup(request: HttpRequest) -> JsonResponse:
+    idempotency_key = request.GET.get("idempotency_key", "").strip()
+    if not idempotency_key:
+        return _error(400, "idempotency_key_required", "pass ?idempotency_key=")
+    refund = await sync_to_async(sim_refund_get_by_key)(idempotency_key=idempotency_key)
+    if refund is None:
+        return _error(404, "refund_not_found", "no refund booked under this key")
+    return JsonResponse(sim_refund_payload(refund))
+
+
+async def refund_count_view(request: HttpRequest) -> JsonResponse:
+    if request.method != "GET":
+        return _method_not_allowed(request, ["GET"])
+    order_id = request.GET.get("order_id") or None
+    return JsonResponse({"order_id": order_id, "count": await sync_to_async(sim_refund_count)(order_id=order_id)})
+
+
+class _JsonCsrfCheck(CsrfViewMiddleware):
+    def _reject(self, request, reason):
+        return reason
+
+
+def _csrf_failure(request: HttpRequest) -> str | None:
+    check = _JsonCsrfCheck(lambda _request: None)
+    check.process_request(request)
+    return check.process_view(request, None, (), {})
+
+
+@csrf_exempt  # checked below, so a failure answers JSON
+def faults_view(request: HttpRequest) -> JsonResponse:
+    if not (request.user.is_authenticated and request.user.is_staff):
+        return _error(403, "staff_required", "fault injection is for signed-in staff")
+    if request.method not in ("GET", "POST", "DELETE"):
+        return _method_not_allowed(request, ["GET", "POST", "DELETE"])
+    if (reason := _csrf_failure(request)) is not None:
+        return _error(403, "csrf_failed", reason)
+    if request.method == "DELETE":
+        return JsonResponse({"cleared": sim_fault_clear()})
+    if request.method == "POST":
+        try:
+            payload = _json_body(request)
+            delay_seconds, count = payload.get("delay_seconds", 3.0), payload.get("count", 1)
+            if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, (int, float)):
+                raise SimError(400, "invalid_fault", "delay_seconds must be a number")
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise SimError(400, "invalid_fault", "count must be an integer")
+            sim_fault_set(
+                target=str(payload.get("target", "")),
+                mode=str(payload.get("mode", "")),
+                delay_seconds=float(delay_seconds),
+                count=count,
+            )
+        except SimError as exc:
+            return _error(exc.status, exc.code, exc.detail)
+    return JsonResponse({"faults": sim_fault_list()})
