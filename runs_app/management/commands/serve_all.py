@@ -21,11 +21,15 @@ class Command(BaseCommand):
 
     def handle(self, *args, host, port, no_workers, **options):
         env = dict(os.environ)
-        env.setdefault("WARDEN_SIM_BASE_URL", f"http://{host}:{port}/sim")
+        # The simulated payment service gets a daphne of its own: a synchronous admin view that
+        # calls it (e.g. "query downstream now") must not wait on its own server's only
+        # sync thread.
+        sim_port = int(port) + 1
+        env.setdefault("WARDEN_SIM_BASE_URL", f"http://{host}:{sim_port}/sim")
+        daphne = [sys.executable, "-m", "daphne", "-b", host]
         children = [
-            subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"], env=env
-            )
+            subprocess.Popen([*daphne, "-p", str(port), "config.asgi:application"], env=env),
+            subprocess.Popen([*daphne, "-p", str(sim_port), "--verbosity", "0", "config.asgi:application"], env=env),
         ]
         if not no_workers:
             children.append(subprocess.Popen([sys.executable, "manage.py", "qcluster"], env=env))
