@@ -172,6 +172,9 @@ WARDEN_RETRY_BASE_SECONDS = float(os.environ.get("WARDEN_RETRY_BASE_SECONDS", 1)
 WARDEN_APPROVAL_TTL_SECONDS = _env_int("WARDEN_APPROVAL_TTL_SECONDS", 86_400)
 # WARDEN_CONTEXT_TOKENS: token window of the model context built from history; default 8000.
 WARDEN_CONTEXT_TOKENS = _env_int("WARDEN_CONTEXT_TOKENS", 8000)
+# WARDEN_RECONCILE_GRACE_SECONDS: how long after an ambiguous write a "not found downstream"
+# answer is still treated as "maybe not booked yet" rather than "not applied"; default 30.
+WARDEN_RECONCILE_GRACE_SECONDS = float(os.environ.get("WARDEN_RECONCILE_GRACE_SECONDS", 30))
 # WARDEN_FOUR_EYES: forbid operators from approving requests raised in their own sessions; default on.
 WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
 

@@ -4,6 +4,7 @@ let an operator record what happened, with evidence. Then the run resumes."""
 import logging
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -42,9 +43,16 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall) -> str:
     except Exception:  # noqa: BLE001 - an inconclusive lookup is retried later
         logger.warning("reconcile of %s failed", tool_call.id, exc_info=True)
         verdict = None
+    if verdict is not None and not verdict.applied and _within_grace(tool_call):
+        # "Not found" right after the timeout may only mean "not booked yet": the downstream
+        # may still be processing the request we gave up waiting for. Only a "not applied"
+        # seen after the grace period settles it.
+        verdict = None
     if verdict is None:
-        attempts = tool_call.reconcile_attempts + 1
-        next_at = None if attempts >= RECONCILE_MAX_AUTO_ATTEMPTS else timezone.now() + timedelta(seconds=min(300, 2**attempts))
+        # Lookups inside the grace period do not use up the automatic attempts.
+        attempts = tool_call.reconcile_attempts + (0 if _within_grace(tool_call) else 1)
+        delay = min(300, 2**attempts) if not _within_grace(tool_call) else settings.WARDEN_RECONCILE_GRACE_SECONDS / 4
+        next_at = None if attempts >= RECONCILE_MAX_AUTO_ATTEMPTS else timezone.now() + timedelta(seconds=delay)
         ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(
             reconcile_attempts=attempts, next_attempt_at=next_at
         )
@@ -55,6 +63,11 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall) -> str:
         evidence=f"automatic reconciliation by idempotency key {tool_call.idempotency_key}: {detail}", acting_user=None,
     )
     return "resolved"
+
+
+def _within_grace(tool_call: ToolCall) -> bool:
+    since = tool_call.finished_at or tool_call.started_at or tool_call.created_at
+    return timezone.now() - since < timedelta(seconds=settings.WARDEN_RECONCILE_GRACE_SECONDS)
 
 
 def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acting_user, result: dict | None = None) -> ToolCall:

@@ -63,6 +63,7 @@ class ProcessGroup:
             "WARDEN_RETRY_BASE_SECONDS": "0.1",
             "WARDEN_Q_POLL": "0.05",
             "WARDEN_ALLOW_FAULTS": "1",
+            "WARDEN_RECONCILE_GRACE_SECONDS": "2",
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
