@@ -43,14 +43,14 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall) -> str:
     except Exception:  # noqa: BLE001 - an inconclusive lookup is retried later
         logger.warning("reconcile of %s failed", tool_call.id, exc_info=True)
         verdict = None
-    if verdict is not None and not verdict.applied and _within_grace(tool_call):
+    premature = verdict is not None and not verdict.applied and _within_grace(tool_call)
+    if premature:
         # "Not found" right after the timeout may only mean "not booked yet": the downstream
         # may still be processing the request we gave up waiting for. Only a "not applied"
-        # seen after the grace period settles it.
+        # seen after the grace period settles it (and such a look uses up no attempt).
         verdict = None
     if verdict is None:
-        # Lookups inside the grace period do not use up the automatic attempts.
-        attempts = tool_call.reconcile_attempts + (0 if _within_grace(tool_call) else 1)
+        attempts = tool_call.reconcile_attempts + (0 if premature else 1)
         delay = min(300, 2**attempts) if not _within_grace(tool_call) else settings.WARDEN_RECONCILE_GRACE_SECONDS / 4
         next_at = None if attempts >= RECONCILE_MAX_AUTO_ATTEMPTS else timezone.now() + timedelta(seconds=delay)
         ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(
