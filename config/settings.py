@@ -144,6 +144,8 @@ LOGGING = {
     "loggers": {
         "warden": {"handlers": ["console"], "level": os.environ.get("WARDEN_LOG_LEVEL", "INFO")},
         "django_q": {"handlers": ["console"], "level": os.environ.get("WARDEN_Q_LOG_LEVEL", "WARNING")},
+        # It warns on every publish to a session nobody is watching, which is the normal case.
+        "channels_postgres": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 
