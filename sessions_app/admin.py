@@ -1,7 +1,11 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.http import HttpResponse
+from django.template import engines
+from django.urls import reverse
 
 from config.admin_base import ReadOnlyAdmin, ReadOnlyInline
-from sessions_app.models import Message, PendingInput, Session
+from sessions_app.api_keys import api_key_create, api_key_revoke
+from sessions_app.models import ApiKey, Message, PendingInput, Session
 
 
 class MessageInline(ReadOnlyInline):
@@ -44,3 +48,66 @@ class PendingInputAdmin(ReadOnlyAdmin):
     list_select_related = ("session",)
     list_filter = ("mode", "disposition")
     search_fields = ("=session__id",)
+
+
+# The page shown once after an API key is created: the only time its secret is ever visible.
+_SECRET_SHOWN_ONCE = """{% extends "admin/base_site.html" %}
+{% block content %}
+<p>API key <strong>{{ api_key.name }}</strong> for <strong>{{ api_key.owner }}</strong> was created.
+Copy the secret now: it is not stored and cannot be shown again.</p>
+<p><code style="font-size:1.1em;user-select:all">{{ secret }}</code></p>
+<p>Clients send it as <code>Authorization: Bearer &lt;secret&gt;</code>.</p>
+<p><a href="{{ changelist_url }}">Back to API keys</a></p>
+{% endblock %}
+"""
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are created here (the secret is shown once) and revoked by an action; never edited."""
+
+    list_display = ("name", "owner", "prefix", "created_at", "last_used_at", "revoked_at")
+    list_select_related = ("owner",)
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("name", "=prefix", "owner__username")
+    raw_id_fields = ("owner",)
+    actions = ["revoke_keys"]
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ("owner", "name")
+        return ("name", "owner", "prefix", "created_at", "last_used_at", "revoked_at")
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_revoke_permission(self, request):
+        return request.user.has_perm("sessions_app.change_apikey")
+
+    def save_model(self, request, obj, form, change):
+        api_key, secret = api_key_create(owner=form.cleaned_data["owner"], name=form.cleaned_data["name"])
+        for field in ("pk", "prefix", "secret_hash", "created_at"):
+            setattr(obj, field, getattr(api_key, field))
+        obj._state.adding = False
+        obj._secret_shown_once = secret
+
+    def response_add(self, request, obj, post_url_continue=None):
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "API key created",
+            "opts": self.model._meta,
+            "api_key": obj,
+            "secret": obj._secret_shown_once,
+            "changelist_url": reverse("admin:sessions_app_apikey_changelist"),
+        }
+        response = HttpResponse(engines["django"].from_string(_SECRET_SHOWN_ONCE).render(context, request))
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @admin.action(description="Revoke selected API keys", permissions=["revoke"])
+    def revoke_keys(self, request, queryset):
+        revoked = sum(api_key_revoke(api_key=key, acting_user=request.user) for key in queryset.select_related("owner"))
+        self.message_user(request, f"Revoked {revoked} API key(s).", messages.SUCCESS)

@@ -118,3 +118,32 @@ class PendingInput(models.Model):
                 name="pending_input_consumed_has_disposition",
             ),
         ]
+
+
+class ApiKey(models.Model):
+    """A machine client's credential for the HTTP API. Only a SHA-256 hash of the secret is
+    stored (the secret is shown once, at creation); `prefix` is the public part used to find
+    the row, so a lookup never compares hashes across the table."""
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+        constraints = [
+            models.CheckConstraint(condition=Q(secret_hash__regex=r"^[0-9a-f]{64}$"), name="api_key_hash_is_sha256"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

@@ -121,3 +121,21 @@ class AuditEntryFactory(factory.django.DjangoModelFactory):
     action = "approve"
     object_type = "approval"
     object_id = factory.Sequence(lambda n: str(n))
+
+
+class ApiKeyFactory(factory.django.DjangoModelFactory):
+    """Created through api_key_create; the secret, shown once, is kept on `.secret` for tests."""
+
+    class Meta:
+        model = "sessions_app.ApiKey"
+
+    owner = factory.SubFactory(UserFactory)
+    name = factory.Sequence(lambda n: f"key {n}")
+
+    @classmethod
+    def _create(cls, model_class, *, owner, name, **kwargs):
+        from sessions_app.api_keys import api_key_create
+
+        api_key, secret = api_key_create(owner=owner, name=name)
+        api_key.secret = secret
+        return api_key

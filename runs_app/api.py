@@ -1,0 +1,375 @@
+"""Runs over HTTP: list (filters, keyset pages), detail, event log, live event stream (SSE),
+cancel. Reads come from runs_app.selectors; the one write (cancel) goes through the engine's
+cancel protocol."""
+
+import asyncio
+import time
+import uuid
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Annotated, Any
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
+from ninja import Field, Header, Query, Router, Schema, Status
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic_core import to_json
+
+from approvals_app.api import ApprovalOut
+from config.api_base import (
+    COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
+)
+from runs_app.engine.cancel import run_cancel_request
+from runs_app.models import RunPhase, RunStatus, WaitReason
+from runs_app.selectors import run_can_cancel, run_detail, run_event_list, run_event_poll, run_get, run_list
+from tools_app.api import ToolCallOut
+
+router = Router(tags=["runs"])
+
+# The event stream: how often it looks for new events, how long it stays quiet before a
+# keepalive comment, and how many events one read fetches.
+SSE_POLL_SECONDS = 0.25
+SSE_KEEPALIVE_SECONDS = 15.0
+SSE_BATCH = 200
+
+
+# ---------------------------------------------------------------------------
+# Schemas
+# ---------------------------------------------------------------------------
+
+def _blank_to_none(value):
+    return value or None
+
+
+class RunOut(BaseModel):
+    """A run's state. A plain pydantic model (not a ninja Schema): list pages validate plain
+    dicts, several times faster than ORM objects through ninja's attribute getter."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    session_id: uuid.UUID
+    status: RunStatus
+    phase: Annotated[RunPhase | None, BeforeValidator(_blank_to_none)] = Field(description="queued/running runs only")
+    wait_reason: Annotated[WaitReason | None, BeforeValidator(_blank_to_none)] = Field(description="waiting runs only")
+    model_calls: int
+    tokens_used: int
+    cancel_requested_at: datetime | None
+    error_code: Annotated[str | None, BeforeValidator(_blank_to_none)] = Field(
+        description="failed runs: machine-readable reason")
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class RunPage(Schema):
+    items: list[RunOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
+
+
+class BudgetsOut(Schema):
+    max_model_calls: int
+    model_calls: int
+    max_tokens: int
+    tokens_used: int
+    deadline: datetime
+    model_retries: int
+
+
+class WaitOut(Schema):
+    reason: WaitReason
+    type: str
+    request_id: str
+    expires_at: datetime | None
+    resume_target: str
+
+
+class CancelOut(Schema):
+    requested_at: datetime
+    requested_by: str | None
+    reason: str
+
+
+class ErrorDetailOut(Schema):
+    code: str
+    detail: str
+
+
+class StepOut(Schema):
+    id: int
+    index: int
+    kind: str
+    status: str
+    started_at: datetime
+    finished_at: datetime | None
+    input_tokens: int
+    output_tokens: int
+    finish_reason: str
+    discard_reason: str
+    text: str = Field(description="what the model said in this step (streamed so far while running)")
+
+    @staticmethod
+    def resolve_text(step) -> str:
+        return step.streamed_text
+
+
+class AppliedEffectOut(Schema):
+    tool_call: uuid.UUID
+    tool: str
+    arguments: Any
+    result: Any
+    idempotency_key: str | None
+    finished_at: datetime | None
+
+
+class EventOut(Schema):
+    seq: int
+    type: str
+    payload: Any
+    created_at: datetime
+
+
+class RunDetailOut(RunOut):
+    started_at: datetime | None
+    updated_at: datetime
+    created_by: str | None
+    provider: str
+    budgets: BudgetsOut
+    wait: WaitOut | None = Field(description="what a waiting run waits for")
+    cancel: CancelOut | None = Field(description="the cancel request, once made (the status changes only when it is safe)")
+    error: ErrorDetailOut | None
+    event_seq: int = Field(description="the latest event's seq: stream or page events from here")
+    step_count: int
+    can_cancel: bool
+    steps: list[StepOut]
+    tool_calls: list[ToolCallOut]
+    approvals: list[ApprovalOut]
+    applied_effects: list[AppliedEffectOut] = Field(description="writes that took effect downstream; never rolled back silently")
+    recent_events: list[EventOut] = Field(description="the latest events, oldest first; page older ones with /events")
+
+
+class EventPage(Schema):
+    items: list[EventOut]
+    next_after: int = Field(description="pass as ?after= to continue")
+    run_status: RunStatus
+    finished: bool = Field(description="the run is terminal and every event has been returned")
+
+
+class CancelIn(Schema):
+    reason: StorableText = Field("", max_length=300)
+
+
+def run_detail_out(*, run, user) -> SimpleNamespace:
+    detail = run_detail(run=run)
+    out = {field: getattr(run, field) for field in (
+        "id", "session_id", "status", "model_calls", "tokens_used", "cancel_requested_at", "created_at", "started_at",
+        "finished_at", "updated_at", "provider", "event_seq", "step_count",
+    )}
+    out |= {
+        "phase": run.phase or None,
+        "wait_reason": run.wait_reason or None,
+        "error_code": run.error_code or None,
+        "created_by": run.created_by.get_username() if run.created_by_id else None,
+        "budgets": {field: getattr(run, field) for field in (
+            "max_model_calls", "model_calls", "max_tokens", "tokens_used", "deadline", "model_retries")},
+        "wait": {"reason": run.wait_reason, "type": run.wait_type, "request_id": run.request_id,
+                 "expires_at": run.expires_at, "resume_target": run.resume_target} if run.wait_reason else None,
+        "cancel": {"requested_at": run.cancel_requested_at, "reason": run.cancel_reason,
+                   "requested_by": run.cancel_requested_by.get_username() if run.cancel_requested_by_id else None}
+        if run.cancel_requested_at else None,
+        "error": {"code": run.error_code, "detail": run.error_detail} if run.error_code else None,
+        "can_cancel": not run.is_terminal and run_can_cancel(user=user, run=run),
+        "steps": detail.steps,
+        "tool_calls": detail.tool_calls,
+        "approvals": detail.approvals,
+        "applied_effects": detail.applied_effects,
+        "recent_events": detail.recent_events,
+    }
+    return SimpleNamespace(**out)
+
+
+def _visible_run(request, run_id):
+    run = run_get(user=request.auth, run_id=run_id)
+    if run is None:
+        raise not_found("run")
+    return run
+
+
+# ---------------------------------------------------------------------------
+# Endpoints
+# ---------------------------------------------------------------------------
+
+@router.get("", response={200: RunPage, **COMMON_ERRORS}, summary="List runs")
+def runs_list(
+    request,
+    status: list[RunStatus] = Query(None, description="repeat for several"),
+    phase: RunPhase | None = None,
+    wait_reason: WaitReason | None = None,
+    session: uuid.UUID | None = None,
+    created_after: Timestamp | None = Query(None, description="inclusive, ISO 8601 (UTC if no offset)"),
+    created_before: Timestamp | None = Query(None, description="exclusive"),
+    cursor: str | None = Query(None, max_length=500),
+    limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
+):
+    """Runs the caller may see, newest first. Filters combine; pages continue with `cursor`."""
+    items, next_cursor = run_list(
+        user=request.auth, statuses=status, phase=phase, wait_reason=wait_reason, session_id=session,
+        created_after=created_after, created_before=created_before, cursor=cursor, limit=limit,
+    )
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get("/{run_id}", response={200: RunDetailOut, **COMMON_ERRORS}, summary="Run detail")
+def runs_get(request, run_id: uuid.UUID):
+    """Status and phase, wait context, budgets and usage, the cancel request, the error, steps,
+    tool calls, approvals, side effects already applied, and the latest events."""
+    return run_detail_out(run=_visible_run(request, run_id), user=request.auth)
+
+
+@router.get("/{run_id}/events", response={200: EventPage, **COMMON_ERRORS}, summary="Run events after a sequence number")
+def runs_events(
+    request,
+    run_id: uuid.UUID,
+    after: int = Query(0, ge=0, le=MAX_BIGINT, description="return events with seq > after"),
+    limit: int = Query(100, ge=1, le=500),
+):
+    """The run's ordered, persisted event log, for polling or catching up after a reconnect."""
+    run = _visible_run(request, run_id)
+    events = run_event_list(run_id=run.pk, after_seq=after, limit=limit)
+    next_after = events[-1].seq if events else after
+    return {
+        "items": events,
+        "next_after": next_after,
+        "run_status": run.status,
+        "finished": run.is_terminal and next_after >= run.event_seq,
+    }
+
+
+@router.post("/{run_id}/cancel", response={202: RunOut, **COMMON_ERRORS, **errors(400, 403, 409)}, summary="Request cancellation")
+def runs_cancel(request, run_id: uuid.UUID, payload: CancelIn | None = None):
+    """Records the request (who, why). The run becomes `cancelled` once nothing is in flight;
+    a write with an unknown outcome is reconciled first. 409 if the run already ended."""
+    run = _visible_run(request, run_id)
+    if not run_can_cancel(user=request.auth, run=run):
+        raise ApiError(403, "not_permitted", "You may not cancel this run.")
+    run = run_cancel_request(run=run, acting_user=request.auth, reason=payload.reason if payload else "")
+    run.refresh_from_db()
+    return Status(202, run)
+
+
+# ---------------------------------------------------------------------------
+# Server-Sent Events
+# ---------------------------------------------------------------------------
+
+def _sse_event(event) -> str:
+    data = to_json({"seq": event.seq, "type": event.type, "payload": event.payload, "created_at": event.created_at},
+                   fallback=str, inf_nan_mode="null").decode()
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n"
+
+
+def _sse_end(status: str) -> str:
+    return f'event: end\ndata: {{"status": "{status}"}}\n\n'
+
+
+class _StreamState:
+    """What the stream has sent so far; shared by the sync and async generators."""
+
+    def __init__(self, *, run_id, after: int, max_seconds: int):
+        self.run_id = run_id
+        self.after = after
+        self.deadline = time.monotonic() + max_seconds
+        self.last_sent = time.monotonic()
+
+    def step(self, events, finished: bool, status: str) -> tuple[list[str], bool]:
+        """Frames to send for one poll, and whether the stream ends after them."""
+        frames = [_sse_event(event) for event in events]
+        if events:
+            self.after = events[-1].seq
+            self.last_sent = time.monotonic()
+        if finished:
+            return [*frames, _sse_end(status)], True
+        if time.monotonic() >= self.deadline:
+            return frames, True
+        if not frames and time.monotonic() - self.last_sent >= SSE_KEEPALIVE_SECONDS:
+            self.last_sent = time.monotonic()
+            frames.append(": keepalive\n\n")
+        return frames, False
+
+
+def _poll(state: _StreamState):
+    return run_event_poll(run_id=state.run_id, after_seq=state.after, limit=SSE_BATCH)
+
+
+def _sse_sync(state: _StreamState):
+    yield "retry: 2000\n\n"
+    while True:
+        events, status, finished = _poll(state)
+        frames, done = state.step(events, finished, status)
+        yield from frames
+        if done:
+            return
+        if len(events) < SSE_BATCH:
+            time.sleep(SSE_POLL_SECONDS)
+
+
+async def _sse_async(state: _StreamState):
+    yield "retry: 2000\n\n"
+    poll = sync_to_async(_poll)
+    while True:
+        events, status, finished = await poll(state)
+        frames, done = state.step(events, finished, status)
+        for frame in frames:
+            yield frame
+        if done:
+            return
+        if len(events) < SSE_BATCH:
+            await asyncio.sleep(SSE_POLL_SECONDS)
+
+
+SSE_RESPONSE = {
+    "200": {
+        "description": (
+            "`text/event-stream`: one event per RunEvent (`id:` its seq, `event:` its type, `data:` JSON "
+            "{seq, type, payload, created_at}); `: keepalive` comments while quiet; a final `event: end` "
+            "when the run is terminal and everything was sent. Reconnect with `Last-Event-ID`."
+        ),
+        # OpenAPI 3.1 convention for event streams: the schema describes one event.
+        "content": {"text/event-stream": {"schema": {
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "id": {"type": "string", "pattern": "^[0-9]+$", "description": "the event's seq: send it back as Last-Event-ID"},
+                "event": {"type": "string", "description": "the RunEvent type (run_status, tool_call, approval_requested, …) or `end`"},
+                "data": {"type": "string", "contentMediaType": "application/json",
+                         "description": "JSON: {seq, type, payload, created_at}; for `end`: {status}"},
+                "retry": {"type": "integer", "description": "reconnection delay in milliseconds"},
+            },
+        }}},
+    }
+}
+
+
+@router.get(
+    "/{run_id}/events/stream",
+    response=COMMON_ERRORS,
+    summary="Live event stream (Server-Sent Events)",
+    openapi_extra={"responses": SSE_RESPONSE},
+)
+def runs_events_stream(
+    request,
+    run_id: uuid.UUID,
+    after: int = Query(0, ge=0, le=MAX_BIGINT, description="start after this seq (Last-Event-ID wins if both are sent)"),
+    last_event_id: int | None = Header(None, alias="Last-Event-ID", ge=0, le=MAX_BIGINT),
+    max_seconds: int = Query(300, ge=1, le=3600, description="end the stream after this long; reconnect to continue"),
+):
+    """Streams the run's events as they are committed, catching up from `after` /
+    `Last-Event-ID` first. Ends when the run is terminal and all events were sent."""
+    run = _visible_run(request, run_id)
+    state = _StreamState(run_id=run.pk, after=last_event_id if last_event_id is not None else after, max_seconds=max_seconds)
+    # Under ASGI (daphne) the body must be an async iterator, or Django would buffer the
+    # whole stream before sending it; under WSGI and the test client a plain generator.
+    content = _sse_async(state) if isinstance(request, ASGIRequest) else _sse_sync(state)
+    response = StreamingHttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

@@ -1,0 +1,144 @@
+"""Reads about runs: the filtered list, the detail with everything an integrator or operator
+needs to judge a run, and its event log — scoped to what a user may see."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import IntegerField, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.lookups import Exact
+
+from approvals_app.models import Approval
+from config.api_base import keyset_page
+from runs_app.engine.cancel import applied_effects
+from runs_app.models import RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step
+from tools_app.models import ToolCall
+
+# Operators read any run with view_run; change_run (cancel any run) implies reading it too.
+VIEW_ANY_RUN = "runs_app.view_run"
+CANCEL_ANY_RUN = "runs_app.change_run"
+
+# The list shows the run's state, not its checkpoint: narrower rows, faster pages.
+RUN_LIST_FIELDS = (
+    "id", "session_id", "status", "phase", "wait_reason", "model_calls", "tokens_used", "cancel_requested_at",
+    "error_code", "created_at", "finished_at",
+)
+RECENT_EVENTS = 50
+
+
+def _sees_all_runs(user) -> bool:
+    return user.has_perm(VIEW_ANY_RUN) or user.has_perm(CANCEL_ANY_RUN)
+
+
+def _session_owner() -> RawSQL:
+    # The session's owner copied onto the run by a trigger (migration 0006): owner-scoped
+    # pages become range scans of run_owner_recent instead of a walk over every run.
+    return RawSQL('"runs_app_run"."session_owner_id"', [], output_field=IntegerField())
+
+
+def run_visible(*, user) -> QuerySet[Run]:
+    if _sees_all_runs(user):
+        return Run.objects.all()
+    return Run.objects.filter(Exact(_session_owner(), user.pk))
+
+
+def run_can_cancel(*, user, run: Run) -> bool:
+    return run.session.owner_id == user.pk or user.has_perm(CANCEL_ANY_RUN)
+
+
+def _implied_statuses(*, phase: str | None, wait_reason: str | None) -> set[str] | None:
+    # A wait reason only exists on waiting runs and a phase only on queued/running ones; saying
+    # so lets PostgreSQL use the (status, created_at) index instead of scanning every run.
+    if wait_reason:
+        return {RunStatus.WAITING}
+    if phase == RunPhase.WAITING_WORKER:
+        return {RunStatus.QUEUED}
+    if phase in RUNNING_PHASES:
+        return {RunStatus.RUNNING}
+    return None
+
+
+def run_list(
+    *,
+    user,
+    statuses: list[str] | None = None,
+    phase: str | None = None,
+    wait_reason: str | None = None,
+    session_id=None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    cursor: str | None = None,
+    limit: int,
+) -> tuple[list[dict], str | None]:
+    """Newest first with keyset pagination on (created_at, id); one query per page. Rows are
+    dicts: at a page of 200 building model instances costs more than the query."""
+    queryset = run_visible(user=user).values(*RUN_LIST_FIELDS)
+    wanted = set(statuses) if statuses else None
+    implied = _implied_statuses(phase=phase, wait_reason=wait_reason)
+    if implied is not None:
+        wanted = implied if wanted is None else wanted & implied
+    if wanted is not None:
+        if not wanted:
+            return [], None
+        queryset = queryset.filter(status__in=sorted(wanted))
+    if phase:
+        queryset = queryset.filter(phase=phase)
+    if wait_reason:
+        queryset = queryset.filter(wait_reason=wait_reason)
+    if session_id:
+        queryset = queryset.filter(session_id=session_id)
+    if created_after:
+        queryset = queryset.filter(created_at__gte=created_after)
+    if created_before:
+        queryset = queryset.filter(created_at__lt=created_before)
+    order_prefix = []
+    if not _sees_all_runs(user):
+        order_prefix.append(_session_owner())
+    if wanted is not None and len(wanted) == 1:
+        order_prefix.append("status")
+    return keyset_page(queryset, cursor=cursor, limit=limit, position_field="created_at", order_prefix=tuple(order_prefix))
+
+
+def run_get(*, user, run_id) -> Run | None:
+    return run_visible(user=user).select_related("session", "created_by", "cancel_requested_by").filter(pk=run_id).first()
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    run: Run
+    steps: list[Step]
+    tool_calls: list[ToolCall]
+    approvals: list[Approval]
+    applied_effects: list[dict]
+    recent_events: list[RunEvent]
+
+
+def run_detail(*, run: Run) -> RunDetail:
+    """Everything about one run, in a fixed number of queries."""
+    recent = RunEvent.objects.filter(run_id=run.pk).order_by("-seq")[:RECENT_EVENTS]
+    return RunDetail(
+        run=run,
+        steps=list(Step.objects.filter(run_id=run.pk).order_by("index")),
+        tool_calls=list(
+            ToolCall.objects.filter(run_id=run.pk).select_related("resolved_by", "approval", "step").order_by("step__index", "index")
+        ),
+        approvals=list(
+            Approval.objects.filter(run_id=run.pk).select_related("decided_by", "tool_call", "run__session").order_by("requested_at")
+        ),
+        applied_effects=applied_effects(run_id=run.pk),
+        recent_events=list(reversed(recent)),
+    )
+
+
+def run_event_list(*, run_id, after_seq: int = 0, limit: int) -> list[RunEvent]:
+    return list(RunEvent.objects.filter(run_id=run_id, seq__gt=after_seq).order_by("seq")[:limit])
+
+
+def run_event_poll(*, run_id, after_seq: int, limit: int) -> tuple[list[RunEvent], str, bool]:
+    """Events after `after_seq`, the run's status, and whether the stream is over: the run is
+    terminal and nothing after them remains. The run is read first: its event_seq then bounds every
+    event committed with the status we saw."""
+    status, last_seq = Run.objects.filter(pk=run_id).values_list("status", "event_seq").get()
+    events = run_event_list(run_id=run_id, after_seq=after_seq, limit=limit)
+    reached = events[-1].seq if events else after_seq
+    return events, status, status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED) and reached >= last_seq

@@ -1,0 +1,246 @@
+"""Sessions and messages over HTTP, plus `GET /me`. Posting a message goes through
+`message_post`: it starts a run, or queues the input for the active one (SPEC §8)."""
+
+import uuid
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, Literal
+
+from django.utils import timezone
+from ninja import Field, Query, Router, Schema, Status
+
+from config.api_base import (
+    COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found,
+)
+from runs_app.api import RunOut
+from runs_app.selectors import CANCEL_ANY_RUN, VIEW_ANY_RUN
+from sessions_app.models import InputDisposition, InputMode, MessageRole
+from sessions_app.selectors import (
+    VIEW_ANY_SESSION, message_list, message_list_latest, pending_input_list, session_get, session_list,
+)
+from sessions_app.services import message_post, session_create
+
+router = Router(tags=["sessions"])
+me_router = Router(tags=["me"])
+
+# How much history the session detail embeds; the messages endpoint pages through the rest.
+DETAIL_MESSAGES = 100
+MAX_MESSAGE_CHARS = 20_000
+
+
+class SessionOut(Schema):
+    id: uuid.UUID
+    title: str
+    owner: str
+    active_run_id: uuid.UUID | None = Field(description="the one queued, running or waiting run, if any")
+    message_count: int
+    created_at: datetime
+    updated_at: datetime
+
+    @staticmethod
+    def resolve_owner(session) -> str:
+        return session.owner.get_username()
+
+    @staticmethod
+    def resolve_active_run_id(session) -> uuid.UUID | None:
+        return getattr(session, "active_run_id", None)
+
+    @staticmethod
+    def resolve_message_count(session) -> int:
+        return session.message_seq
+
+
+class SessionPage(Schema):
+    items: list[SessionOut]
+    next_cursor: str | None
+
+
+class MessageOut(Schema):
+    id: int
+    seq: int
+    role: MessageRole
+    content: str
+    tool_calls: Any = Field(description="assistant messages that ask for tools: the calls as the model stated them")
+    tool_call_id: str
+    tool_name: str
+    run_id: uuid.UUID | None
+    created_at: datetime
+
+
+class MessagePage(Schema):
+    items: list[MessageOut]
+    next_after: int = Field(description="pass as ?after= to continue")
+
+
+class PendingInputOut(Schema):
+    id: int
+    content: str
+    mode: InputMode
+    resolved_mode: InputMode | None
+    disposition: InputDisposition | None
+    received_at: datetime
+    consumed_at: datetime | None
+    consumed_by_run_id: uuid.UUID | None
+
+    @staticmethod
+    def resolve_resolved_mode(pending) -> str | None:
+        return pending.resolved_mode or None
+
+    @staticmethod
+    def resolve_disposition(pending) -> str | None:
+        return pending.disposition or None
+
+    @staticmethod
+    def resolve_consumed_by_run_id(pending) -> uuid.UUID | None:
+        return pending.consumed_by_id
+
+
+class SessionDetailOut(SessionOut):
+    messages: list[MessageOut] = Field(description=f"the latest {DETAIL_MESSAGES} messages, oldest first")
+    pending_inputs: list[PendingInputOut] = Field(description="input waiting for the active run to read it")
+
+
+class SessionIn(Schema):
+    title: StorableText = Field("", max_length=200)
+
+
+class BudgetsIn(Schema):
+    max_model_calls: int | None = Field(None, ge=1, le=1000)
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000)
+    deadline_seconds: int | None = Field(None, ge=1, le=7 * 86_400, description="wall-clock limit from now")
+
+
+class MessageIn(Schema):
+    content: StorableText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    mode: InputMode = Field(
+        InputMode.AUTO,
+        description="while a run is active: `supplement` joins it, `new_intent` cancels it and starts a new run, "
+                    "`queue` waits for it to end, `auto` lets the classifier decide",
+    )
+    budgets: BudgetsIn | None = Field(None, description="limits of the run this message starts (ignored when it joins one)")
+
+
+class MessagePostOut(Schema):
+    disposition: Literal["started_run", "pending"] = Field(
+        description="`started_run`: the message started a new queued run; `pending`: a run is active and "
+                    "reads the input at its next safe point")
+    message: MessageOut | None = Field(description="the history entry (started_run)")
+    pending_input: PendingInputOut | None = Field(
+        description="the stored input (pending); `consumed_by_run_id` is already set when an intent switch "
+                    "found nothing running, cancelled the run and started the next one from it")
+    run: RunOut = Field(description="the run started, or the active run the input was given to")
+
+
+class PermissionsOut(Schema):
+    view_any_run: bool
+    cancel_any_run: bool
+    view_any_session: bool
+    decide_operator_approvals: bool
+    reconcile_tool_calls: bool
+
+
+class MeOut(Schema):
+    username: str
+    permissions: PermissionsOut
+
+
+def _visible_session(request, session_id):
+    session = session_get(user=request.auth, session_id=session_id)
+    if session is None:
+        raise not_found("session")
+    return session
+
+
+def _session_detail_out(session) -> SimpleNamespace:
+    # A namespace, not the model instance: `messages` would collide with the reverse relation.
+    return SimpleNamespace(
+        **{field: getattr(session, field) for field in (
+            "id", "title", "owner", "active_run_id", "message_seq", "created_at", "updated_at")},
+        messages=message_list_latest(session=session, limit=DETAIL_MESSAGES),
+        pending_inputs=pending_input_list(session=session),
+    )
+
+
+@me_router.get("", response={200: MeOut, **errors(401)}, summary="Who am I")
+def me(request):
+    """The authenticated user and the operator permissions that widen what the API shows."""
+    user = request.auth
+    return {
+        "username": user.get_username(),
+        "permissions": {
+            "view_any_run": user.has_perm(VIEW_ANY_RUN),
+            "cancel_any_run": user.has_perm(CANCEL_ANY_RUN),
+            "view_any_session": user.has_perm(VIEW_ANY_SESSION),
+            "decide_operator_approvals": user.has_perm("approvals_app.decide_approval"),
+            "reconcile_tool_calls": user.has_perm("tools_app.reconcile_toolcall"),
+        },
+    }
+
+
+@router.post("", response={201: SessionOut, **errors(400, 401, 422)}, summary="Create a session")
+def sessions_create(request, payload: SessionIn):
+    session = session_create(owner=request.auth, title=payload.title)
+    return Status(201, session_get(user=request.auth, session_id=session.pk))
+
+
+@router.get("", response={200: SessionPage, **COMMON_ERRORS}, summary="List sessions")
+def sessions_list(
+    request,
+    cursor: str | None = Query(None, max_length=500),
+    limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
+):
+    """Sessions the caller may see (their own, or all with sessions_app.view_session), newest first."""
+    items, next_cursor = session_list(user=request.auth, cursor=cursor, limit=limit)
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get("/{session_id}", response={200: SessionDetailOut, **COMMON_ERRORS}, summary="Session detail")
+def sessions_get(request, session_id: uuid.UUID):
+    """The session, its latest messages and the input waiting for its active run."""
+    return _session_detail_out(_visible_session(request, session_id))
+
+
+@router.get("/{session_id}/messages", response={200: MessagePage, **COMMON_ERRORS}, summary="Session history")
+def sessions_messages(
+    request,
+    session_id: uuid.UUID,
+    after: int = Query(0, ge=0, le=MAX_BIGINT, description="return messages with seq > after"),
+    limit: int = Query(100, ge=1, le=500),
+):
+    """The append-only history in order, paged by sequence number."""
+    session = _visible_session(request, session_id)
+    items = message_list(session=session, after_seq=after, limit=limit)
+    return {"items": items, "next_after": items[-1].seq if items else after}
+
+
+@router.post(
+    "/{session_id}/messages",
+    response={201: MessagePostOut, 202: MessagePostOut, **COMMON_ERRORS, **errors(400, 403)},
+    summary="Say something in a session",
+)
+def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
+    """With no active run the message starts one (201, queued for a worker). While a run is
+    active the input is stored and the run reads it at its next safe point (202): never lost,
+    never a second concurrent run."""
+    session = _visible_session(request, session_id)
+    if session.owner_id != request.auth.pk:
+        raise ApiError(403, "not_permitted", "Only the session's owner may post in it.")
+    budgets = None
+    if payload.budgets is not None:
+        budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}
+        seconds = budgets.pop("deadline_seconds", None)
+        if seconds is not None:
+            budgets["deadline"] = timezone.now() + timedelta(seconds=seconds)
+    result = message_post(session=session, content=payload.content, mode=payload.mode, acting_user=request.auth, budgets=budgets)
+    pending = result.pending_input
+    if pending is not None:
+        # An intent switch while nothing was running has already cancelled the run and started
+        # the next one from this input; the row as it is now says so.
+        pending.refresh_from_db()
+    status = 201 if result.disposition == "started_run" else 202
+    return Status(status, {
+        "disposition": result.disposition,
+        "message": result.message,
+        "pending_input": pending,
+        "run": result.run,
+    })

@@ -1,0 +1,47 @@
+"""Reads about sessions, their history and pending input, scoped to what a user may see."""
+
+from django.db.models import OuterRef, QuerySet, Subquery
+
+from config.api_base import keyset_page
+from runs_app.models import ACTIVE_STATUSES, Run
+from sessions_app.models import Message, PendingInput, Session
+
+# Operators read any session (history included) with this permission; everyone else their own.
+VIEW_ANY_SESSION = "sessions_app.view_session"
+
+
+def session_visible(*, user) -> QuerySet[Session]:
+    if user.has_perm(VIEW_ANY_SESSION):
+        return Session.objects.all()
+    return Session.objects.filter(owner=user)
+
+
+def _with_active_run(queryset: QuerySet[Session]) -> QuerySet[Session]:
+    # One subquery per row, answered by the partial unique index on active runs.
+    active = Run.objects.filter(session=OuterRef("pk"), status__in=ACTIVE_STATUSES).values("id")[:1]
+    return queryset.select_related("owner").annotate(active_run_id=Subquery(active))
+
+
+def session_list(*, user, cursor: str | None, limit: int) -> tuple[list[Session], str | None]:
+    """Newest first, one query whatever the page size."""
+    return keyset_page(_with_active_run(session_visible(user=user)), cursor=cursor, limit=limit, position_field="created_at")
+
+
+def session_get(*, user, session_id) -> Session | None:
+    return _with_active_run(session_visible(user=user)).filter(pk=session_id).first()
+
+
+def message_list(*, session: Session, after_seq: int = 0, limit: int) -> list[Message]:
+    """History in order, from after `after_seq`."""
+    return list(Message.objects.filter(session_id=session.pk, seq__gt=after_seq).order_by("seq")[:limit])
+
+
+def message_list_latest(*, session: Session, limit: int) -> list[Message]:
+    """The latest `limit` messages, oldest first."""
+    latest = Message.objects.filter(session_id=session.pk).order_by("-seq")[:limit]
+    return list(reversed(latest))
+
+
+def pending_input_list(*, session: Session) -> list[PendingInput]:
+    """Input waiting for a run to read it (unconsumed), in arrival order."""
+    return list(PendingInput.objects.filter(session_id=session.pk, consumed_at__isnull=True).order_by("id"))

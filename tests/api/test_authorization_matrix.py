@@ -1,0 +1,248 @@
+"""The authorization matrix: every endpoint × every kind of object × every kind of caller.
+
+Alice owns the objects. The callers: alice (owner), bob (another user with objects of his
+own), an operator holding the five operator permissions, a staff member holding none,
+anonymous, and alice's own revoked key. Each case asserts the status code and the database:
+a refused call (401/403/404) and every read change nothing; an allowed write changes it.
+Nothing of alice's leaks to bob or to the permissionless staff member, in details or lists.
+"""
+
+import json
+
+import pytest
+from django.utils.dateparse import parse_datetime
+from django_q.models import OrmQ
+
+from approvals_app.models import Approval, AuditEntry
+from config.api import api
+from runs_app.models import TERMINAL_STATUSES, Run, RunEvent
+from sessions_app.models import Message, PendingInput, Session
+from tests.api.conftest import OPERATOR_PERMISSIONS, Api, build_world, grant, revoked_key_api
+from tests.factories import ApiKeyFactory, UserFactory
+from tools_app.models import ToolCall, ToolCallStatus
+
+pytestmark = pytest.mark.django_db
+
+CALLERS = ["owner", "other_user", "operator", "staff_without_permissions", "anonymous", "revoked_key"]
+
+# Object-addressed endpoints, each with the World attributes of every object kind it takes.
+RUNS = ["run", "approval_run", "operator_run", "unknown_run"]
+CALLS = ["read_call", "applied_write_call", "unknown_call", "awaiting_approval_call"]
+APPROVALS = ["user_approval", "operator_approval"]
+SESSIONS = ["session", "busy_session"]
+OBJECT_ENDPOINTS = {
+    ("GET", "/sessions/{session_id}"): SESSIONS,
+    ("GET", "/sessions/{session_id}/messages"): SESSIONS,
+    ("POST", "/sessions/{session_id}/messages"): SESSIONS,
+    ("GET", "/runs/{run_id}"): RUNS,
+    ("GET", "/runs/{run_id}/events"): RUNS,
+    ("GET", "/runs/{run_id}/events/stream"): ["run"],  # a live run's stream would wait for events
+    ("POST", "/runs/{run_id}/cancel"): RUNS,
+    ("GET", "/tool-calls/{tool_call_id}"): CALLS,
+    ("POST", "/tool-calls/{tool_call_id}/resolve"): CALLS,
+    ("POST", "/tool-calls/{tool_call_id}/reconcile"): CALLS,
+    ("GET", "/approvals/{approval_id}"): APPROVALS,
+    ("POST", "/approvals/{approval_id}/decision"): APPROVALS,
+}
+# Collection endpoints: what they list must be exactly what the caller may see.
+LIST_ENDPOINTS = {
+    ("GET", "/sessions"): {},
+    ("GET", "/runs"): {},
+    ("GET", "/tool-calls"): {},
+    ("GET", "/approvals"): {"decidable": "false", "status": ["pending", "approved", "rejected", "expired"]},
+}
+# Endpoints that address no existing object.
+OTHER_ENDPOINTS = {("GET", "/me"), ("POST", "/sessions")}
+
+BODIES = {
+    "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
+    "/runs/{run_id}/cancel": {"reason": "customer changed their mind"},
+    "/tool-calls/{tool_call_id}/resolve": {"applied": True, "evidence": "ledger entry L-1"},
+    "/tool-calls/{tool_call_id}/reconcile": None,
+    "/approvals/{approval_id}/decision": {"decision": "approve", "note": "checked"},
+}
+
+
+def test_the_matrix_covers_every_endpoint_of_the_api():
+    schema = api.get_openapi_schema(path_prefix="")
+    served = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
+    assert served == set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS
+
+
+class Scene:
+    """Alice's world, bob's world and every caller."""
+
+    def __init__(self, *, with_bobs_world: bool = False):
+        self.alice = UserFactory(username="alice")
+        self.bob = UserFactory(username="bob")
+        self.world = build_world(self.alice)
+        if with_bobs_world:
+            build_world(self.bob)
+        operator = grant(UserFactory(username="operator", is_staff=True), *OPERATOR_PERMISSIONS)
+        staff = UserFactory(username="staff", is_staff=True)
+        self.callers = {
+            "owner": Api(ApiKeyFactory(owner=self.alice).secret),
+            "other_user": Api(ApiKeyFactory(owner=self.bob).secret),
+            "operator": Api(ApiKeyFactory(owner=operator).secret),
+            "staff_without_permissions": Api(ApiKeyFactory(owner=staff).secret),
+            "anonymous": Api(),
+            "revoked_key": revoked_key_api(self.alice),
+        }
+        w = self.world
+        calls = list(ToolCall.objects.filter(run=w.run).order_by("index"))
+        self.objects = {
+            "session": w.session,
+            "busy_session": w.approval_run.session,
+            "run": w.run,
+            "approval_run": w.approval_run,
+            "operator_run": w.operator_run,
+            "unknown_run": w.unknown_run,
+            "read_call": calls[0],
+            "applied_write_call": calls[1],
+            "unknown_call": w.unknown_call,
+            "awaiting_approval_call": w.user_approval.tool_call,
+            "user_approval": w.user_approval,
+            "operator_approval": w.operator_approval,
+        }
+
+    def alice_ids(self) -> set[str]:
+        w = self.world
+        sessions = Session.objects.filter(owner=self.alice).values_list("id", flat=True)
+        runs = Run.objects.filter(session__owner=self.alice).values_list("id", flat=True)
+        calls = ToolCall.objects.filter(run__session__owner=self.alice).values_list("id", flat=True)
+        approvals = Approval.objects.filter(run__session__owner=self.alice).values_list("id", flat=True)
+        assert w.session.pk in set(sessions)
+        return {str(pk) for pk in [*sessions, *runs, *calls, *approvals]}
+
+
+def database_state() -> tuple:
+    """Every fact a request could change (ApiKey.last_used_at aside)."""
+    return (
+        Session.objects.count(), Message.objects.count(), PendingInput.objects.count(), RunEvent.objects.count(),
+        AuditEntry.objects.count(), OrmQ.objects.count(),
+        sorted(Run.objects.values_list("id", "status", "phase", "wait_reason", "cancel_requested_at")),
+        sorted(ToolCall.objects.values_list("id", "status", "resolution")),
+        sorted(Approval.objects.values_list("id", "status", "decided_by")),
+    )
+
+
+def expected_status(*, method: str, path: str, kind: str, caller: str, obj) -> int:
+    if caller in ("anonymous", "revoked_key"):
+        return 401
+    if caller in ("other_user", "staff_without_permissions"):
+        return 404
+    owner = caller == "owner"
+    if method == "GET":
+        return 200
+    if path.endswith("/messages"):
+        if not owner:
+            return 403
+        return 202 if kind == "busy_session" else 201
+    if path.endswith("/cancel"):
+        return 409 if obj.status in TERMINAL_STATUSES else 202
+    if path.startswith("/tool-calls"):
+        if owner:
+            return 403  # seeing your own call is not the power to reconcile it
+        return 200 if obj.status == ToolCallStatus.UNKNOWN else 409
+    if path.endswith("/decision"):
+        return 200 if (kind == "user_approval") == owner else 403
+    raise AssertionError(f"no rule for {method} {path}")
+
+
+def read_shows_the_object(path: str, obj, body: str) -> bool:
+    if path.endswith("/messages"):
+        return len(json.loads(body)["items"]) == Message.objects.filter(session=obj).count()
+    if path.endswith("/events"):
+        return len(json.loads(body)["items"]) == RunEvent.objects.filter(run=obj).count()
+    if path.endswith("/stream"):
+        return body.count("\nid: ") + body.startswith("id: ") == RunEvent.objects.filter(run=obj).count()
+    return str(obj.pk) in body
+
+
+MATRIX = [
+    (method, path, kind, caller)
+    for (method, path), kinds in OBJECT_ENDPOINTS.items()
+    for kind in kinds
+    for caller in CALLERS
+]
+
+
+@pytest.mark.parametrize("method,path,kind,caller", MATRIX, ids=[f"{m} {p} {k} as {c}" for m, p, k, c in MATRIX])
+def test_object_endpoint(method, path, kind, caller, django_capture_on_commit_callbacks):
+    scene = Scene()
+    obj = scene.objects[kind]
+    url = path.format(**{name: obj.pk for name in ("session_id", "run_id", "tool_call_id", "approval_id")})
+    want = expected_status(method=method, path=path, kind=kind, caller=caller, obj=obj)
+    before = database_state()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = scene.callers[caller].request(method, url, BODIES.get(path))
+    body = b"".join(response.streaming_content) if response.streaming else response.content
+    assert response.status_code == want, body[:500]
+    after = database_state()
+    if want >= 400:
+        assert response["Content-Type"].startswith("application/json")
+        assert set(response.json()) >= {"code", "message"}
+        assert str(obj.pk) not in body.decode()  # a refusal tells nothing about the object
+        assert after == before, "a refused request changed the database"
+    elif method == "GET":
+        assert read_shows_the_object(path, obj, body.decode())
+        assert after == before, "a read changed the database"
+    elif path.endswith("/reconcile"):
+        # Allowed; the test tool has no reconcile lookup, so the call stays for an operator.
+        assert response.json()["outcome"] == "manual"
+        assert after == before
+    else:
+        assert after != before, "an allowed write changed nothing"
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("method,path", list(LIST_ENDPOINTS), ids=[p for _, p in LIST_ENDPOINTS])
+def test_lists_show_exactly_what_the_caller_may_see(method, path, caller):
+    scene = Scene(with_bobs_world=True)
+    before = database_state()
+    response = scene.callers[caller].get(path, {"limit": 200, **LIST_ENDPOINTS[(method, path)]})
+    assert database_state() == before
+    if caller in ("anonymous", "revoked_key"):
+        assert response.status_code == 401
+        return
+    assert response.status_code == 200
+    listed = {item["id"] for item in response.json()["items"]}
+    alice_ids = scene.alice_ids()
+    if caller in ("other_user", "staff_without_permissions"):
+        assert not listed & alice_ids, "another user's objects leaked into the list"
+        if caller == "other_user":
+            assert listed, "bob sees his own objects"
+    else:
+        # Owner and operator both see all of alice's objects of this kind.
+        kind_ids = {str(pk) for pk in _ids_of_kind(path, scene.alice)}
+        assert kind_ids and kind_ids <= listed
+        if caller == "owner":
+            assert not listed - alice_ids, "alice sees only her own objects"
+
+
+def _ids_of_kind(path: str, owner):
+    if path == "/sessions":
+        return Session.objects.filter(owner=owner).values_list("id", flat=True)
+    if path == "/runs":
+        return Run.objects.filter(session__owner=owner).values_list("id", flat=True)
+    if path == "/tool-calls":
+        return ToolCall.objects.filter(run__session__owner=owner).values_list("id", flat=True)
+    return Approval.objects.filter(run__session__owner=owner).values_list("id", flat=True)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_me_and_session_create_need_a_valid_identity(caller):
+    scene = Scene()
+    api_client = scene.callers[caller]
+    before = Session.objects.count()
+    me = api_client.get("/me")
+    created = api_client.post("/sessions", {"title": "new"})
+    if caller in ("anonymous", "revoked_key"):
+        assert (me.status_code, created.status_code) == (401, 401)
+        assert Session.objects.count() == before
+        return
+    assert me.status_code == 200
+    assert created.status_code == 201
+    # A new session always belongs to the caller, whoever they are.
+    assert created.json()["owner"] == me.json()["username"]
+    assert parse_datetime(created.json()["created_at"]) is not None

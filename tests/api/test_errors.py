@@ -1,0 +1,122 @@
+"""Bad input gets a clear 4xx JSON error with a stable code — never a 500, never an HTML page —
+and nothing half-written remains."""
+
+import pytest
+from django.test import Client
+
+from runs_app.models import Run
+from sessions_app.models import Message, Session
+
+pytestmark = pytest.mark.django_db
+
+RUN = "6f1c2b8e-0000-4000-8000-000000000000"
+
+
+def assert_error(response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.content[:300]
+    assert response["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert isinstance(body["code"], str) and isinstance(body["message"], str) and body["message"]
+    if code:
+        assert body["code"] == code
+    return body
+
+
+@pytest.mark.parametrize("raw", ['{"content": ', "not json", "[1, 2", '{"content": "\\ud800"}'])
+def test_malformed_json_is_a_4xx_and_writes_nothing(world, alice_api, raw):
+    before = (Message.objects.count(), Run.objects.count())
+    response = alice_api.client.post(f"/api/v1/sessions/{world.session.pk}/messages", raw,
+                                     content_type="application/json", **alice_api.headers)
+    assert response.status_code in (400, 422)
+    assert_error(response, response.status_code)
+    assert (Message.objects.count(), Run.objects.count()) == before
+
+
+def test_a_body_of_the_wrong_shape_is_422(world, alice_api):
+    for body in ([1, 2], "text", 42, None):
+        response = alice_api.post(f"/sessions/{world.session.pk}/messages", body)
+        assert_error(response, 422 if body is not None else response.status_code)
+        assert response.status_code in (400, 422)
+
+
+def test_form_encoded_body_is_refused(world, alice_api):
+    response = alice_api.client.post(f"/api/v1/sessions/{world.session.pk}/messages", {"content": "hi"}, **alice_api.headers)
+    assert response.status_code in (400, 422)
+    assert_error(response, response.status_code)
+
+
+@pytest.mark.parametrize("path,field", [
+    ("/runs/not-a-uuid", "path.run_id"),
+    ("/runs/123/events", "path.run_id"),
+    ("/sessions/%00/messages", "path.session_id"),
+    ("/approvals/zzzz", "path.approval_id"),
+    ("/tool-calls/6f1c2b8e-0000-4000-8000", "path.tool_call_id"),
+])
+def test_malformed_ids_in_paths_are_422_naming_the_parameter(alice_api, path, field):
+    body = assert_error(alice_api.get(path), 422, "validation_error")
+    assert [f["field"] for f in body["fields"]] == [field]
+
+
+@pytest.mark.parametrize("params,field", [
+    ({"limit": 0}, "query.limit"),
+    ({"limit": 201}, "query.limit"),
+    ({"limit": "10" * 20}, "query.limit"),
+    ({"limit": "ten"}, "query.limit"),
+    ({"status": "lost"}, "query.status.0"),
+    ({"phase": "dreaming"}, "query.phase"),
+    ({"wait_reason": "\x00"}, "query.wait_reason"),
+    ({"session": "x"}, "query.session"),
+    ({"created_after": "yesterday"}, "query.created_after"),
+    ({"created_after": "0001-01-01T00:00:00+05:00"}, "query.created_after"),
+    ({"created_before": "9999-12-31T23:59:59-05:00"}, "query.created_before"),
+    ({"cursor": "x" * 501}, "query.cursor"),
+])
+def test_bad_run_list_parameters_are_422(alice_api, params, field):
+    body = assert_error(alice_api.get("/runs", params), 422, "validation_error")
+    assert field in [f["field"] for f in body["fields"]]
+
+
+@pytest.mark.parametrize("cursor", ["garbage!", "W10", "WyJ4IiwieSJd", "WyIyMDI1LTAxLTAxIiwibm90LWEtdXVpZCJd", "bnVsbA"])
+def test_damaged_cursors_are_422(alice_api, cursor):
+    body = assert_error(alice_api.get("/runs", {"cursor": cursor}), 422, "invalid_cursor")
+    assert body["fields"][0]["field"] == "query.cursor"
+
+
+@pytest.mark.parametrize("path", ["/sessions", "/tool-calls", "/approvals"])
+def test_damaged_cursors_on_every_list_are_422(alice_api, path):
+    assert_error(alice_api.get(path, {"cursor": "WyJ4Il0"}), 422, "invalid_cursor")
+
+
+@pytest.mark.parametrize("after", [-1, 2**63, "1e3"])
+def test_sequence_numbers_out_of_range_are_422(world, alice_api, after):
+    assert_error(alice_api.get(f"/runs/{world.run.pk}/events", {"after": after}), 422)
+    assert_error(alice_api.get(f"/sessions/{world.session.pk}/messages", {"after": after}), 422)
+
+
+def test_text_postgres_cannot_store_is_refused_before_the_database(alice_api):
+    before = Session.objects.count()
+    body = assert_error(alice_api.post("/sessions", {"title": "a\u0000b"}), 422)
+    assert body["fields"][0]["field"] == "body.title"
+    assert Session.objects.count() == before
+
+
+def test_unknown_endpoint_is_a_json_404():
+    assert_error(Client().get("/api/v1/no/such/thing"), 404, "not_found")
+
+
+def test_wrong_method_is_a_json_405(alice_api):
+    response = alice_api.client.delete("/api/v1/runs", **alice_api.headers)
+    body = assert_error(response, 405, "method_not_allowed")
+    assert "GET" in response["Allow"] and "GET" in body["message"]
+
+
+def test_unexpected_failures_are_a_json_500_and_logged(alice_api, monkeypatch, caplog):
+    from runs_app import api as runs_api
+
+    def boom(**kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(runs_api, "run_list", boom)
+    body = assert_error(alice_api.get("/runs"), 500, "internal_error")
+    assert "a bug" not in body["message"]
+    assert "unhandled error on GET /api/v1/runs" in caplog.text
