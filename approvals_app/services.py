@@ -112,6 +112,11 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
     if not approval_can_decide(user=acting_user, approval=approval):
         raise ApprovalNotPermitted("You may not decide this approval.")
     to = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
+    if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
+        # Past its expiry a request can no longer be approved, even if the sweeper has not
+        # closed it yet: close it now and say so.
+        approval_expire(approval=approval)
+        raise ApprovalAlreadyDecided(f"This request expired at {approval.expires_at.isoformat()}.")
     with transaction.atomic():
         if approval.status != ApprovalStatus.PENDING or not _transition(
             approval=approval, to=to, decided_by=acting_user, note=note

@@ -147,7 +147,7 @@ def tool_call_query_view(request, *, model_admin, object_id: str):
 def query_downstream(request, call: ToolCall) -> str:
     """Ask the downstream system about one call and tell the operator what it said."""
     try:
-        outcome = tool_call_reconcile_auto(tool_call=call)
+        outcome = tool_call_reconcile_auto(tool_call=call, acting_user=request.user)
     except ReconcileError as error:
         messages.warning(request, f"{call.tool_name} {call.pk}: {error.message}")
         return "error"

@@ -135,5 +135,5 @@ def tool_calls_reconcile(request, tool_call_id: uuid.UUID):
     """Runs the tool's reconcile lookup (by idempotency key) now instead of waiting for the
     scheduled job. `manual` means the tool cannot tell: resolve it with evidence instead."""
     call = _reconcilable(request, tool_call_id)
-    outcome = tool_call_reconcile_auto(tool_call=call)
+    outcome = tool_call_reconcile_auto(tool_call=call, acting_user=request.auth)
     return {"outcome": outcome, "tool_call": _visible_call(request, tool_call_id)}

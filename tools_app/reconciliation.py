@@ -28,8 +28,18 @@ class ReconcileError(Exception):
         self.message = message
 
 
-def tool_call_reconcile_auto(*, tool_call: ToolCall) -> str:
-    """One automatic lookup. Returns 'resolved', 'unresolved' or 'manual'."""
+def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
+    """One lookup by idempotency key: by the sweeper, or by an operator ("query downstream
+    now", permission and audit required). Returns 'resolved', 'unresolved' or 'manual'."""
+    if acting_user is not None:
+        from approvals_app.services import audit_record
+
+        if not acting_user.has_perm("tools_app.reconcile_toolcall"):
+            raise ReconcileError("not_permitted", "You may not reconcile tool calls.")
+        if tool_call.status != ToolCallStatus.UNKNOWN:
+            raise ReconcileError("not_unknown", f"This tool call is {tool_call.status}, not unknown; nothing to reconcile.")
+        audit_record(actor=acting_user, action="reconcile_query", obj=tool_call, run_id=tool_call.run_id,
+                     before={"status": tool_call.status}, after={"requested": "downstream lookup"})
     tool = tool_get(tool_call.tool_name)
     if tool is None or tool.reconcile is None:
         ToolCall.objects.filter(pk=tool_call.pk).update(next_attempt_at=None)

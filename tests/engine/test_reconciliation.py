@@ -49,3 +49,42 @@ def test_a_booked_refund_is_found_by_its_key_at_once(unknown_refund):
     stored = ToolCall.objects.get(pk=unknown_refund.pk)
     assert (stored.status, stored.resolution) == (ToolCallStatus.SUCCEEDED, "applied")
     assert stored.result["order_id"] == "9527"
+
+
+def test_an_operators_query_is_permission_checked_and_audited(unknown_refund):
+    from django.contrib.auth.models import Permission
+
+    from approvals_app.models import AuditEntry
+    from tests.factories import UserFactory
+    from tools_app.reconciliation import ReconcileError
+
+    outsider = UserFactory()
+    with pytest.raises(ReconcileError) as refused:
+        tool_call_reconcile_auto(tool_call=unknown_refund, acting_user=outsider)
+    assert refused.value.code == "not_permitted" and not AuditEntry.objects.exists()
+    operator = UserFactory()
+    operator.user_permissions.add(Permission.objects.get(codename="reconcile_toolcall"))
+    operator = type(operator).objects.get(pk=operator.pk)
+    assert tool_call_reconcile_auto(tool_call=unknown_refund, acting_user=operator) == "unresolved"
+    entry = AuditEntry.objects.get()
+    assert (entry.actor, entry.action, entry.object_id) == (operator, "reconcile_query", str(unknown_refund.pk))
+
+
+def test_an_expired_request_can_no_longer_be_approved(transactional_db):
+    from django.contrib.auth.models import Permission
+
+    from approvals_app.models import Approval, ApprovalStatus
+    from approvals_app.services import ApprovalAlreadyDecided, approval_decide
+    from tests.factories import ApprovalFactory, UserFactory
+
+    approval = ApprovalFactory(expires_at=timezone.now() - timedelta(seconds=1))
+    Run = type(approval.run)
+    Run.objects.filter(pk=approval.run_id).update(status="waiting", phase="", wait_reason="approval")
+    operator = UserFactory()
+    operator.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    operator = type(operator).objects.get(pk=operator.pk)
+    with pytest.raises(ApprovalAlreadyDecided, match="expired"):
+        approval_decide(approval=approval, decision="approve", note="late", acting_user=operator)
+    stored = Approval.objects.get(pk=approval.pk)
+    assert stored.status == ApprovalStatus.EXPIRED and stored.decided_by is None
+    assert ToolCall.objects.get(pk=approval.tool_call_id).status == ToolCallStatus.CANCELLED
