@@ -5,10 +5,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 import httpx
 import pytest
+
+from tests.support.processes import test_database_url
 from django.db import connection
 from django.test import override_settings
 
@@ -83,20 +84,12 @@ def concurrently():
     return run
 
 
-def _test_database_url() -> str:
-    db = connection.settings_dict
-    credentials = quote(db["USER"] or "", safe="")
-    if db.get("PASSWORD"):
-        credentials += ":" + quote(db["PASSWORD"], safe="")
-    return f"postgres://{credentials}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 @pytest.fixture
 def daphne_sim(transactional_db, tmp_path):
     """The whole project served by a real daphne process on a free port, on the test database;
     the demo tools point at its /sim. The process is killed afterwards."""
     port = _free_port()
-    env = {**os.environ, "DATABASE_URL": _test_database_url(), "DJANGO_SETTINGS_MODULE": "config.settings"}
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "DJANGO_SETTINGS_MODULE": "config.settings"}
     log = (tmp_path / "daphne.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
