@@ -103,17 +103,30 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60},
+            # socket_timeout: a consumer waits on BZPOPMIN for 5 s at a time; redis-py's default
+            # read timeout is also 5 s, so an idle console's socket would die with TimeoutError.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
         }
     }
 else:
     _db = DATABASES["default"]
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_postgres.core.PostgresChannelLayer",
+            # channels_postgres with its listener races closed and a one-statement group_send
+            # (config/channel_layers.py).
+            "BACKEND": "config.channel_layers.PostgresChannelLayer",
             # TIME_ZONE: the layer builds a Django DatabaseWrapper from this dict, which needs the key
             # (Django only fills it in DATABASES after setup); without it get_channel_layer() is None.
-            "CONFIG": {**{key: _db[key] for key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT")}, "TIME_ZONE": None},
+            # PSYCOPG_OPTIONS: the layer's pool opens one connection, not four, in every process
+            # that publishes (each worker), and grows on demand.
+            "CONFIG": {
+                **{key: _db[key] for key in ("ENGINE", "NAME", "USER", "PASSWORD", "HOST", "PORT")},
+                "TIME_ZONE": None,
+                "PSYCOPG_OPTIONS": {"min_size": 1, "max_size": 4},
+                # A doorbell need not survive a crash (RunEvent is the truth), so its INSERT does
+                # not wait for the WAL flush: one fsync less per text delta.
+                "OPTIONS": {"options": "-c synchronous_commit=off"},
+            },
         }
     }
     # The layer's group_discard goes through the ORM on this alias (same database; tests mirror

@@ -1,1 +1,13 @@
-websocket_urlpatterns: list = []
+import os
+
+from django.urls import path
+
+from sessions_app.consumers import ConsoleConsumer, EchoConsumer
+from sessions_app.views import CONSOLE_WS_PATH
+
+websocket_urlpatterns: list = [path(CONSOLE_WS_PATH, ConsoleConsumer.as_asgi())]
+
+# WARDEN_BENCH_ECHO: set to 1 only by bench/ws_latency.py, to measure a raw websocket round trip
+# through the same daphne as the console; off by default, so production has no echo endpoint.
+if os.environ.get("WARDEN_BENCH_ECHO") == "1":
+    websocket_urlpatterns.append(path("ws/bench/echo/", EchoConsumer.as_asgi()))

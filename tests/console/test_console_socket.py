@@ -1,0 +1,346 @@
+"""The console's websocket against a real daphne (and real workers where runs must move):
+who may connect and watch, nothing lost or doubled on reconnect, text that joins mid-stream,
+and live delivery worker → web → client over both channel layers."""
+
+import json
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.test import override_settings
+from websockets.exceptions import InvalidStatus
+
+from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
+from runs_app.live import session_group
+from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus, WaitReason
+from runs_app.providers.scripted import HELP_TEXT
+from runs_app.services import run_event_append
+from sessions_app.models import Message, MessageRole
+from sessions_app.services import message_post, session_create
+from tests.console.helpers import REDIS_TEST_URL, ConsoleSocket, open_socket, redis_layer, session_cookie
+from tests.factories import ApprovalFactory, RunFactory, UserFactory
+from tests.support.processes import wait_for
+
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+WEATHER = "What's the weather in Paris?"
+
+
+def gap_free(seqs: list[int]) -> bool:
+    return seqs == list(range(1, len(seqs) + 1))
+
+
+def run_status(run_id) -> str:
+    return Run.objects.values_list("status", flat=True).get(pk=run_id)
+
+
+# --- who may connect and watch -------------------------------------------------------------------
+
+
+def test_cross_origin_handshake_is_refused_with_debug_off(procs):
+    procs.base_env["DEBUG"] = "0"  # AllowedHostsOriginValidator lets every origin through in DEBUG
+    procs.start_web()
+    user = UserFactory()
+    with pytest.raises(InvalidStatus) as refused:
+        open_socket(procs, user=user, origin="http://evil.example")
+    assert refused.value.response.status_code == 403
+    with open_socket(procs, user=user, origin=procs.base_url):
+        pass  # the same user from the console's own origin is let in
+
+
+def test_anonymous_handshake_is_refused(procs):
+    procs.start_web()
+    with pytest.raises(InvalidStatus) as refused:
+        open_socket(procs, user=None)
+    assert refused.value.response.status_code == 403
+
+
+def test_another_users_session_is_refused_and_none_of_its_events_arrive(procs):
+    procs.start_web()
+    owner, stranger = UserFactory(), UserFactory()
+    private = session_create(owner=owner, title="private")
+    own = session_create(owner=stranger, title="mine")
+    with ConsoleSocket(open_socket(procs, user=stranger)) as console:
+        refused = console.subscribe(private.pk)
+        assert (refused["type"], refused["code"]) == ("error", "not_found")
+        console.send(action="post", session=str(private.pk), content="hello", ref="p")
+        assert console.until(lambda m: m.get("ref") == "p")["code"] == "not_found"
+        assert console.subscribe(own.pk)["type"] == "subscribed"
+
+        # No workers run: each post publishes exactly its run's `queued` event, in this order.
+        foreign = message_post(session=private, content="my secret", acting_user=owner).run
+        mine = message_post(session=own, content="hello", acting_user=stranger).run
+        console.until(lambda m: m["type"] == "events" and m["run_id"] == str(mine.pk))
+        console.send(action="cancel", run=str(foreign.pk), ref="c")
+        assert console.until(lambda m: m.get("ref") == "c")["code"] == "not_found"
+    assert all(str(foreign.pk) not in json.dumps(m) for m in console.received)
+    assert run_status(foreign.pk) == RunStatus.QUEUED
+
+
+def test_leaving_removes_the_console_from_the_sessions_group(procs):
+    from channels_postgres.models import GroupChannel
+
+    procs.start_web()
+    user = UserFactory()
+    session = session_create(owner=user, title="leave")
+    members = GroupChannel.objects.filter(group_key=f"asgi:group:{session_group(session.pk)}")
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        assert members.count() == 1
+    wait_for(lambda: not members.exists(), message="the closed console to leave the group")
+
+
+def test_an_operator_may_watch_any_session_but_not_write_in_it(procs):
+    procs.start_web()
+    owner = UserFactory()
+    operator = UserFactory(is_staff=True)
+    operator.user_permissions.add(Permission.objects.get(codename="view_run"))
+    session = session_create(owner=owner, title="watched")
+    run = message_post(session=session, content="hello", acting_user=owner).run
+    with ConsoleSocket(open_socket(procs, user=operator)) as console:
+        subscribed = console.subscribe(session.pk)
+        assert subscribed["runs"] == {str(run.pk): 1}
+        console.send(action="post", session=str(session.pk), content="not mine", ref="p")
+        assert console.until(lambda m: m.get("ref") == "p")["code"] == "forbidden"
+
+
+# --- nothing lost, nothing twice ----------------------------------------------------------------------
+
+
+def test_reconnecting_catches_up_with_no_gaps_or_duplicates(procs, demo_world):
+    procs.start_web()
+    procs.start_workers(workers=1)
+    user = UserFactory()
+    session = session_create(owner=user, title="reconnect")
+    with ConsoleSocket(open_socket(procs, user=user)) as first:
+        first.subscribe(session.pk)
+        run = message_post(session=session, content=WEATHER, acting_user=user, provider_options={"delay": 0.2}).run
+        first.until(lambda m: m["type"] == "events" and "tool_call" in [e["type"] for e in m["events"]])
+    seen_first = first.seqs[str(run.pk)]
+
+    # Reconnect while the run goes on: only what the first connection did not see, then live.
+    with ConsoleSocket(open_socket(procs, user=user)) as second:
+        subscribed = second.subscribe(session.pk, after={str(run.pk): seen_first[-1]})
+        second.until_run_status(run.pk, {"completed", "failed"})
+    assert subscribed["runs"][str(run.pk)] >= seen_first[-1]
+    combined = seen_first + second.seqs[str(run.pk)]
+    assert gap_free(combined), combined
+    assert Run.objects.get(pk=run.pk).event_seq == combined[-1]
+    assert "completed" in second.statuses(run.pk)
+
+    # Once more after the end: nothing is sent again.
+    with ConsoleSocket(open_socket(procs, user=user)) as third:
+        subscribed = third.subscribe(session.pk, after={str(run.pk): combined[-1]})
+    assert subscribed["runs"] == {str(run.pk): combined[-1]}
+    assert not [m for m in third.received if m["type"] == "events"]
+
+
+def test_a_lost_doorbell_is_filled_from_the_event_log(procs):
+    procs.start_web()
+    user = UserFactory()
+    session = session_create(owner=user, title="lossy")
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        run = message_post(session=session, content="hello", acting_user=user).run
+        console.until(lambda m: m["type"] == "events" and m["run_id"] == str(run.pk))
+        with override_settings(CHANNEL_LAYERS={}):  # this event is committed but never announced
+            run_event_append(run_id=run.pk, kind="note", payload={"n": 1})
+        run_event_append(run_id=run.pk, kind="note", payload={"n": 2})
+        console.until(lambda m: m["type"] == "events" and m["events"][-1]["seq"] == 3)
+    assert console.seqs[str(run.pk)] == [1, 2, 3]
+    notes = [e["payload"] for m in console.received if m["type"] == "events" for e in m["events"] if e["type"] == "note"]
+    assert notes == [{"n": 1}, {"n": 2}]
+
+
+def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(procs):
+    """A web process whose first consoles connect at the same moment (a restart, a reconnect
+    storm) must still hand each message to each console once, including one too big for
+    NOTIFY's 8000 bytes (config/channel_layers.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runs_app.live import publish_delta
+
+    procs.start_web()
+    user = UserFactory()
+    session = session_create(owner=user, title="storm")
+    run = message_post(session=session, content="hello", acting_user=user).run
+    cookie = session_cookie(user)  # here: a database connection opened in a pool thread would outlive the test
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        consoles = [ConsoleSocket(c) for c in pool.map(lambda _: open_socket(procs, cookie=cookie), range(8))]
+        list(pool.map(lambda console: console.subscribe(session.pk), consoles))
+    big = {"kind": "tool_call_delta", "step": 0, "index": 0, "id": "call_1", "name": "query_order", "arguments": "x" * 9000}
+    publish_delta(session_id=session.pk, run_id=run.pk, delta=big)
+    publish_delta(session_id=session.pk, run_id=run.pk, delta={**big, "arguments": "small"})
+    run_event_append(run_id=run.pk, kind="note", payload={"fence": True})
+    for console in consoles:
+        with console:
+            console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "note")
+        deltas = [m["delta"]["arguments"][:5] for m in console.received if m["type"] == "delta"]
+        assert deltas == ["xxxxx", "small"], deltas
+
+
+def test_a_console_joining_mid_stream_shows_the_text_so_far_without_duplicates(procs, demo_world):
+    procs.start_web()
+    procs.start_workers(workers=1)
+    user = UserFactory()
+    session = session_create(owner=user, title="late")
+    # "hello" gets the long help text, streamed two words every 0.3 s.
+    run = message_post(session=session, content="hello", acting_user=user, provider_options={"delay": 0.3}).run
+    step = wait_for(
+        lambda: Step.objects.filter(run=run, kind=StepKind.MODEL, status=StepStatus.RUNNING).exclude(streamed_text="").first(),
+        message="the worker's heartbeat to save some streamed text",
+    )
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        console.until_run_status(run.pk, {"completed", "failed"})
+    snapshot = next(m for m in console.received if m["type"] == "stream")
+    assert snapshot["step"] == step.index and HELP_TEXT.startswith(snapshot["text"])
+    assert len(snapshot["text"]) < len(HELP_TEXT)  # it really joined in the middle
+    streamed = console.texts[(str(run.pk), step.index)]
+    assert streamed.text == HELP_TEXT == console.final_texts[(str(run.pk), step.index)]
+    assert not streamed.stash
+    assert gap_free(console.seqs[str(run.pk)])
+
+
+# --- live delivery over both layers ---------------------------------------------------------------------
+
+
+def layer_holds_group(layer: str, group: str) -> bool:
+    """Whether the named layer — and only it — has members for `group`."""
+    import redis
+    from channels_postgres.models import GroupChannel
+
+    in_postgres = GroupChannel.objects.filter(group_key=f"asgi:group:{group}").exists()
+    client = redis.Redis.from_url(REDIS_TEST_URL)
+    try:
+        in_redis = bool(client.exists(f"asgi:group:{group}"))
+    finally:
+        client.close()
+    return (in_postgres, in_redis) == ((True, False) if layer == "postgres" else (False, True))
+
+
+@pytest.mark.parametrize("layer", ["postgres", "redis"])
+def test_workers_answer_reaches_the_client_live_through_each_layer(procs, demo_world, layer):
+    if layer == "redis":
+        procs.base_env["REDIS_URL"] = REDIS_TEST_URL
+        switch = override_settings(CHANNEL_LAYERS=redis_layer())
+    else:
+        procs.base_env.pop("REDIS_URL", None)
+        switch = override_settings()
+    with switch:
+        procs.start_web()
+        procs.start_workers(workers=1)
+        user = UserFactory()
+        session = session_create(owner=user, title=f"live over {layer}")
+        with ConsoleSocket(open_socket(procs, user=user)) as console:
+            console.subscribe(session.pk)
+            # Proof of which layer daphne joined the session's group on.
+            assert layer_holds_group(layer, session_group(session.pk))
+            console.send(action="post", session=str(session.pk), content=WEATHER, mode="auto", ref="ask")
+            posted = console.until(lambda m: m.get("ref") == "ask")
+            assert (posted["type"], posted["disposition"]) == ("posted", "started_run")
+            run_id = posted["run_id"]
+            console.until_run_status(run_id, {"completed", "failed"})
+
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.COMPLETED, run.error_detail
+    assert gap_free(console.seqs[run_id]) and console.seqs[run_id][-1] == run.event_seq
+    statuses = console.statuses(run_id)
+    assert statuses[0] == "queued" and statuses[-1] == "completed" and "running" in statuses
+    types = console.event_types[run_id]
+    assert {"step_started", "tool_call", "step_completed"} <= set(types)
+    # The answer's text came as deltas from the worker and adds up to exactly the stored answer.
+    answer = Message.objects.filter(run=run, role=MessageRole.ASSISTANT).exclude(content="").get()
+    assert (run_id, answer.step.index) in console.texts
+    assert console.texts[(run_id, answer.step.index)].text == answer.content
+    assert "Paris" in answer.content
+
+
+def test_an_idle_console_on_redis_stays_connected(procs):
+    """channels_redis waits for messages 5 s at a time; redis-py's default read timeout is 5 s
+    too, which used to kill every console that was quiet for that long."""
+    import time
+
+    procs.base_env["REDIS_URL"] = REDIS_TEST_URL
+    with override_settings(CHANNEL_LAYERS=redis_layer()):
+        procs.start_web()
+        user = UserFactory()
+        session = session_create(owner=user, title="quiet")
+        with ConsoleSocket(open_socket(procs, user=user)) as console:
+            console.subscribe(session.pk)
+            time.sleep(7)  # quiet for longer than one wait (not a timing assertion)
+            run = message_post(session=session, content="hello", acting_user=user).run
+            console.until(lambda m: m["type"] == "events" and m["run_id"] == str(run.pk))
+
+
+# --- actions through the services ----------------------------------------------------------------------------
+
+
+def test_post_and_cancel_go_through_the_services(procs):
+    procs.start_web()
+    user = UserFactory()
+    session = session_create(owner=user, title="actions")
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        console.send(action="post", session=str(session.pk), content="hello", ref="1")
+        first = console.until(lambda m: m.get("ref") == "1")
+        console.send(action="post", session=str(session.pk), content="and also this", mode="queue", ref="2")
+        second = console.until(lambda m: m.get("ref") == "2")
+        assert first["disposition"] == "started_run"
+        assert (second["disposition"], second["run_id"]) == ("pending", first["run_id"])
+        console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "input_queued")
+
+        console.send(action="post", session=str(session.pk), content="  ", ref="3")
+        assert console.until(lambda m: m.get("ref") == "3")["code"] == "empty_message"
+        console.send(action="cancel", run=first["run_id"], reason="changed my mind", ref="4")
+        assert console.until(lambda m: m.get("ref") == "4")["type"] == "cancel_requested"
+        console.until_run_status(first["run_id"], {"cancelled"})
+        # The queued input starts the next run as the cancelled one ends.
+        following = console.until(lambda m: m["type"] == "events" and m["run_id"] != first["run_id"])
+    cancelled = Run.objects.get(pk=first["run_id"])
+    assert (cancelled.status, cancelled.cancel_requested_by, cancelled.cancel_reason) == (RunStatus.CANCELLED, user, "changed my mind")
+    assert Message.objects.get(run_id=following["run_id"], role=MessageRole.USER).content == "and also this"
+
+
+
+def test_the_owner_confirms_a_user_level_approval_over_the_socket(procs):
+    procs.start_web()
+    owner, stranger = UserFactory(), UserFactory()
+    session = session_create(owner=owner, title="confirm")
+    run = RunFactory(session=session, status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
+    approval = ApprovalFactory(tool_call__step__run=run, policy=ApprovalPolicy.USER)
+    elsewhere = RunFactory(session=session_create(owner=owner), status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
+    operators_only = ApprovalFactory(tool_call__step__run=elsewhere, policy=ApprovalPolicy.OPERATOR)
+
+    with ConsoleSocket(open_socket(procs, user=stranger)) as console:
+        console.send(action="decide", approval=str(approval.pk), decision="approve", ref="s")
+        assert console.until(lambda m: m.get("ref") == "s")["code"] == "not_found"
+    with ConsoleSocket(open_socket(procs, user=owner)) as console:
+        console.subscribe(session.pk)
+        console.send(action="decide", approval=str(operators_only.pk), decision="approve", ref="o")
+        assert console.until(lambda m: m.get("ref") == "o")["code"] == "not_permitted"
+        console.send(action="decide", approval=str(approval.pk), decision="maybe", ref="m")
+        assert console.until(lambda m: m.get("ref") == "m")["code"] == "bad_request"
+        console.send(action="decide", approval=str(approval.pk), decision="approve", note="yes please", ref="a")
+        decided = console.until(lambda m: m.get("ref") == "a")
+        assert (decided["type"], decided["status"]) == ("decided", ApprovalStatus.APPROVED)
+        resumed = console.until_run_status(run.pk, {"queued"})
+        console.send(action="decide", approval=str(approval.pk), decision="reject", ref="again")
+        assert console.until(lambda m: m.get("ref") == "again")["code"] == "already_decided"
+    assert console.event_types[str(run.pk)] == ["approval_decided", "run_status"]
+    assert resumed["events"][-1]["payload"]["resumed_from"] == WaitReason.APPROVAL
+    assert Approval.objects.get(pk=approval.pk).decided_by == owner
+    assert Approval.objects.get(pk=operators_only.pk).status == ApprovalStatus.PENDING
+
+
+def test_socket_errors_are_json_with_a_code(procs):
+    procs.start_web()
+    user = UserFactory()
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.connection.send("not json")
+        assert console.receive()["code"] == "bad_request"
+        console.send(action="explode", ref="x")
+        assert console.until(lambda m: m.get("ref") == "x")["code"] == "unknown_action"
+        console.send(action="subscribe", session="not-a-uuid", ref="y")
+        assert console.until(lambda m: m.get("ref") == "y")["code"] == "not_found"
+        console.send(action="subscribe", session=str(session_create(owner=user).pk), after={"x": 1}, ref="z")
+        assert console.until(lambda m: m.get("ref") == "z")["code"] == "bad_request"
