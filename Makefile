@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: run test setup migrate bench stop-db clean
+.PHONY: run test setup migrate bench bench-api bench-ws soak stop-db clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,19 @@ run: migrate
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Benchmarks are run by hand (never by the suite); results go to docs/BENCHMARKS.md and
+# docs/RELIABILITY.md.
 bench: migrate
 	$(PY) bench/engine_step.py
+
+bench-api: migrate
+	$(PY) bench/runs_list.py
+
+bench-ws: migrate
+	$(PY) bench/ws_latency.py
+
+soak: migrate
+	$(PY) bench/chaos_soak.py
 
 stop-db: setup
 	$(PY) manage.py embedded_db stop
