@@ -24,6 +24,9 @@ def procs(transactional_db, layer_for_this_process, request):
     """Real processes against the test database; stopped before the database is flushed."""
     callspec = getattr(request.node, "callspec", None)
     group = ProcessGroup(name=f"console-{request.node.originalname[:44]}" + (f"-{callspec.id}" if callspec else ""))
+    # The default layer is PostgreSQL's, whatever this shell exports (CI sets REDIS_URL);
+    # the tests that exercise Redis set it themselves.
+    group.base_env.pop("REDIS_URL", None)
     yield group
     group.stop_all()
 
