@@ -157,6 +157,19 @@ def approval_expire(*, approval: Approval, lease_token: int | None = None) -> bo
     return True
 
 
+def approval_close_for_cancel(*, approval: Approval, cancelled_by, lease_token: int | None = None) -> bool:
+    """The run is being cancelled: its open request is closed (rejected by the person who
+    cancelled, or expired when no person did) and logged. The caller cancels the tool call and
+    the run itself, so nothing here resumes the run."""
+    to = ApprovalStatus.REJECTED if cancelled_by is not None else ApprovalStatus.EXPIRED
+    with transaction.atomic():
+        if not _transition(approval=approval, to=to, decided_by=cancelled_by, note="run cancelled"):
+            return False
+        kind = "approval_decided" if to == ApprovalStatus.REJECTED else "approval_expired"
+        run_write(run_id=approval.run_id, events=[(kind, approval_event_payload(approval))], lease_token=lease_token, raise_on_miss=True)
+    return True
+
+
 def tool_call_close_for_decision(*, approval: Approval, lease_token: int | None = None) -> None:
     """Rejected or expired: the tool call is cancelled and a tool message tells the model why,
     so the history never holds a dangling tool call."""

@@ -1,14 +1,11 @@
 """Writes about sessions, messages and pending input."""
 
-import logging
 from dataclasses import dataclass
 
 from django.db import connection, transaction
 
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput, Session
-
-logger = logging.getLogger("warden.sessions")
 
 
 class SessionError(Exception):

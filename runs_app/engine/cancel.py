@@ -72,17 +72,14 @@ def run_cancel_by_worker(*, cp, lease) -> str:
 def run_cancel_finalize(*, run: Run, lease_token: int | None) -> bool:
     """Close everything that will never start, then store `cancelled` with the applied effects."""
     from approvals_app.models import Approval, ApprovalStatus
-    from approvals_app.services import approval_expire, _transition as approval_close
+    from approvals_app.services import approval_close_for_cancel
     from runs_app.engine.tool_exec import tool_message
     from sessions_app.services import messages_append, session_start_next_run
     from tools_app.services import tool_call_transition
 
     with transaction.atomic():
         for approval in Approval.objects.filter(run_id=run.id, status=ApprovalStatus.PENDING):
-            if run.cancel_requested_by_id:
-                approval_close(approval=approval, to=ApprovalStatus.REJECTED, decided_by=run.cancel_requested_by, note="run cancelled")
-            else:
-                approval_expire(approval=approval, lease_token=lease_token)
+            approval_close_for_cancel(approval=approval, cancelled_by=run.cancel_requested_by, lease_token=lease_token)
         closed = []
         for call in ToolCall.objects.filter(run_id=run.id, status__in=[ToolCallStatus.PENDING, ToolCallStatus.RUNNING]):
             if call.status == ToolCallStatus.RUNNING and call.effect == ToolEffect.WRITE:

@@ -208,13 +208,12 @@ def _reuse_outcome(*, cp: Checkpoint, lease: Lease, call: ToolCall) -> None:
         # Same turn, earlier index: it is processed first, so this only happens if the original
         # is waiting (approval); wait with it.
         raise StopDriving("waiting-for-original")
-    status = ToolCallStatus.SUCCEEDED if original.status == ToolCallStatus.SUCCEEDED else ToolCallStatus.FAILED
-    outcome = Outcome(
-        call=call, status=status, result=original.result, error_code=original.error_code or ("duplicate_of_" + original.status),
-        error_detail=f"same request as tool call {original.id}; its outcome is reused, it was not executed again",
-    )
-    if status == ToolCallStatus.SUCCEEDED:
-        outcome.error_code = ""
+    detail = f"same request as tool call {original.id}; its outcome is reused, it was not executed again"
+    if original.status == ToolCallStatus.SUCCEEDED:
+        outcome = Outcome(call=call, status=ToolCallStatus.SUCCEEDED, result=original.result, error_detail=detail)
+    else:
+        code = original.error_code or f"duplicate_of_{original.status}"
+        outcome = Outcome(call=call, status=ToolCallStatus.FAILED, error_code=code, error_detail=detail)
     _finish(cp=cp, lease=lease, outcomes=[outcome])
     return None
 
@@ -236,8 +235,8 @@ def _read_once(run: Run, call: ToolCall) -> Outcome:
         try:
             result = tool.execute(_context(run, call, tool), arguments)
             return Outcome(call=call, status=ToolCallStatus.SUCCEEDED, result=result, attempts=attempts)
-        except (ToolError, ToolOutcomeUnknown, Exception) as error:  # noqa: BLE001 - reads are safe to retry
-            retryable = getattr(error, "retryable", True) if isinstance(error, ToolError) else True
+        except Exception as error:  # noqa: BLE001 - a read has no side effect: any failure may be retried
+            retryable = error.retryable if isinstance(error, ToolError) else True
             if not retryable or attempts >= tool.max_attempts:
                 return Outcome(
                     call=call, status=ToolCallStatus.FAILED, attempts=attempts,

@@ -36,7 +36,7 @@ def desk_world(pending_refund, make_unknown_refund):
     Approval.objects.filter(pk=older_approval.pk).update(requested_at=timezone.now() - timedelta(hours=2))
     decided = ApprovalFactory()
     Approval.objects.filter(pk=decided.pk).update(status=ApprovalStatus.EXPIRED, decided_at=timezone.now())
-    first_unknown, second_unknown = make_unknown_refund(), make_unknown_refund()
+    first_unknown, _second_unknown = make_unknown_refund(), make_unknown_refund()
     # The oldest thing waiting for a human: an unknown call, unknown for three hours.
     ToolCall.objects.filter(pk=first_unknown.refund.pk).update(finished_at=timezone.now() - timedelta(hours=3))
     RunFactory(status=RunStatus.COMPLETED, phase="", finished_at=timezone.now())
