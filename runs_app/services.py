@@ -28,6 +28,11 @@ def run_touched_by_others(run: Run) -> bool:
     return _lease_holder_seq.get(str(run.id)) != run.event_seq
 
 
+def run_seen_by_lease_holder(run: Run) -> None:
+    """The worker has looked at everything up to the event_seq it loaded."""
+    _lease_holder_seq[str(run.id)] = run.event_seq
+
+
 @dataclass(frozen=True)
 class RunWrite:
     """What a fenced run write returned."""
@@ -90,8 +95,13 @@ def run_write(
         return None
     written = RunWrite(*row)
     if lease_token is not None:
-        # (Not on a claim: input may have been queued before it, so the first pass must look.)
-        _lease_holder_seq[str(run_id)] = written.event_seq
+        # Ours only if nobody else's events landed since our last write; otherwise forget it,
+        # so the next safe point looks. (A claim records nothing: input may predate it.)
+        key = str(run_id)
+        if _lease_holder_seq.get(key) == written.event_seq - len(events):
+            _lease_holder_seq[key] = written.event_seq
+        else:
+            _lease_holder_seq.pop(key, None)
     if events:
         first_seq = written.event_seq - len(events) + 1
         records = [

@@ -16,11 +16,14 @@ def inputs_at_safe_point(*, run: Run, lease, before: str) -> bool:
     only); an intent switch requests this run's cancellation and stays pending, to start the
     next run; a queued input waits for the run to end and holds back those after it.
     Returns True when something changed and the checkpoint must be read again."""
-    from runs_app.services import run_touched_by_others
+    from runs_app.services import run_seen_by_lease_holder, run_touched_by_others
 
     if not run_touched_by_others(run):
         return False  # nobody wrote to the run since our last write: no input can be waiting
     pending = list(PendingInput.objects.filter(session_id=run.session_id, consumed_at__isnull=True).order_by("id"))
+    if not pending:
+        # Input queued after this checkpoint was loaded bumps event_seq past what we saw.
+        run_seen_by_lease_holder(run)
     changed = False
     for item in pending:
         mode = item.resolved_mode or item.mode

@@ -79,7 +79,9 @@ def test_an_intent_switch_cancels_the_run_and_starts_a_new_one(procs, demo_world
     procs.start_workers(workers=1)
     user = UserFactory()
     session = session_create(owner=user, title="switch")
-    first = message_post(session=session, content="please run noop 8", acting_user=user, provider_options={"delay": 0.05}).run
+    # Long enough that the switch surely arrives before the run's last model call.
+    first = message_post(session=session, content="please run noop 30", acting_user=user,
+                         provider_options={"delay": 0.1}, budgets={"max_model_calls": 40}).run
     wait_for(lambda: Run.objects.filter(pk=first.id, status=RunStatus.RUNNING).exists(), message="the run to be busy")
     message_post(session=session, content="forget it, what's the weather in Paris?", mode=InputMode.AUTO, acting_user=user)
     wait_for(lambda: Run.objects.filter(session=session).count() == 2 and all_terminal(Run.objects.filter(session=session).values_list("pk", flat=True)),
