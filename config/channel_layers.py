@@ -1,4 +1,6 @@
-"""The PostgreSQL channel layer (channels_postgres 1.1) with two of its races closed.
+"""The channel layers: PostgreSQL by default, Redis when REDIS_URL is set.
+
+PostgreSQL: channels_postgres 1.1 with two of its races closed.
 
 1. Every `receive()` that runs before the process's LISTEN connection is ready starts one
    more listener, so a web process whose first consoles connect together (a restart, a
@@ -19,12 +21,19 @@ per text delta.
 
 import asyncio
 import base64
+import collections
+import logging
 import time
 from datetime import timedelta
 
 from channels_postgres.core import PostgresChannelLayer as _PostgresChannelLayer
 from channels_postgres.db import GROUP_CHANNEL_TABLE, MESSAGE_TABLE, utc_now
+from channels_redis.pubsub import RedisPubSubChannelLayer as _RedisPubSubChannelLayer
+from channels_redis.pubsub import RedisPubSubLoopLayer, RedisSingleShardConnection
+from channels_redis.utils import _wrap_close
 from psycopg import sql
+
+logger = logging.getLogger("warden.live")
 
 # One row per member channel; the table's trigger NOTIFYs each (messages over 8000 bytes by id).
 _GROUP_SEND_SQL = sql.SQL(
@@ -63,3 +72,92 @@ class PostgresChannelLayer(_PostgresChannelLayer):
                 _GROUP_SEND_SQL,
                 (self.serialize(message), utc_now() + timedelta(seconds=self.expiry), self._group_key(group)),
             )
+
+
+# --- Redis (REDIS_URL set): channels_redis's pub/sub layer, subscriptions confirmed -------------------
+
+# How long group_add waits for Redis to confirm a SUBSCRIBE before going on regardless.
+SUBSCRIBE_CONFIRM_SECONDS = 5.0
+
+
+class _ConfirmingShard(RedisSingleShardConnection):
+    """One Redis connection's subscriptions, where `subscribe` returns once Redis has confirmed
+    it rather than once the command is written. The console joins a session's group and then
+    reads the event log; a doorbell rung between the two must reach it, which holds only if
+    the subscription is live when the read starts."""
+
+    def __init__(self, host, channel_layer):
+        super().__init__(host, channel_layer)
+        self._confirming: dict[str, collections.deque] = {}  # channel -> futures, one per SUBSCRIBE sent
+
+    async def subscribe(self, channel):
+        async with self._lock:
+            pending = self._confirming.get(channel)
+            if channel in self._subscribed_to:
+                confirmed = pending[-1] if pending else None  # somebody else's SUBSCRIBE: wait for it too
+            else:
+                self._ensure_redis()
+                self._ensure_receiver()
+                confirmed = asyncio.get_running_loop().create_future()
+                self._confirming.setdefault(channel, collections.deque()).append(confirmed)
+                await self._pubsub.subscribe(channel)
+                self._subscribed_to.add(channel)
+        if confirmed is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(confirmed), SUBSCRIBE_CONFIRM_SECONDS)
+            except TimeoutError:
+                logger.warning("Redis did not confirm the subscription to %s in time", channel)
+
+    def _subscription_confirmed(self, channel) -> None:
+        name = channel.decode() if isinstance(channel, bytes) else channel
+        pending = self._confirming.get(name)
+        if not pending:
+            return  # a re-subscription after a reconnect: nobody waits for it
+        confirmed = pending.popleft()
+        if not pending:
+            del self._confirming[name]
+        if not confirmed.done():
+            confirmed.set_result(None)
+
+    async def _do_receiving(self):
+        while True:
+            try:
+                if self._pubsub and self._pubsub.subscribed:
+                    message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=0.1)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
+                        self._subscription_confirmed(message["channel"])
+                    elif message["type"] == "message":
+                        self._receive_message(message)
+                else:
+                    await asyncio.sleep(0.1)
+            except (asyncio.CancelledError, asyncio.TimeoutError, GeneratorExit):
+                raise
+            except BaseException:  # noqa: BLE001 - as the library does: log, pause, go on receiving
+                logger.exception("Redis pub/sub receive failed")
+                await asyncio.sleep(1)
+
+
+class _ConfirmingLoopLayer(RedisPubSubLoopLayer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._shards = [_ConfirmingShard(shard.host, self) for shard in self._shards]
+
+
+class RedisPubSubChannelLayer(_RedisPubSubChannelLayer):
+    """channels_redis's pub/sub layer: a doorbell is one PUBLISH, and a web process holds one
+    subscriber connection that Redis pushes messages down. The list-based core layer polls
+    every channel in turn (four round trips per message) and could not keep one web process
+    up with 50 streaming runs. Messages are not kept for absent listeners — which a doorbell
+    need not be: the console catches up from RunEvent. Subscriptions are confirmed (above)."""
+
+    def _get_layer(self):
+        loop = asyncio.get_running_loop()
+        try:
+            return self._layers[loop]
+        except KeyError:
+            layer = _ConfirmingLoopLayer(*self._args, **self._kwargs, channel_layer=self)
+            self._layers[loop] = layer
+            _wrap_close(self, loop)
+            return layer

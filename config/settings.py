@@ -102,10 +102,9 @@ REDIS_URL = os.environ.get("REDIS_URL") or None
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # socket_timeout: a consumer waits on BZPOPMIN for 5 s at a time; redis-py's default
-            # read timeout is also 5 s, so an idle console's socket would die with TimeoutError.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
+            # channels_redis's pub/sub layer with confirmed subscriptions (config/channel_layers.py).
+            "BACKEND": "config.channel_layers.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
         }
     }
 else:

@@ -31,8 +31,8 @@ def postgres_layer_for_test_db() -> dict:
 def redis_layer() -> dict:
     return {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_TEST_URL, "socket_timeout": 30}]},
+            "BACKEND": "config.channel_layers.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_TEST_URL]},
         }
     }
 
