@@ -12,9 +12,12 @@ carry {"bench": {...}} streams `--chunks` text pieces `<index:unix-time>` stampe
 moment the provider yields them. Everything after the provider — coalescing, publishing,
 the layer, daphne, the consumer — is the product's code, unchanged.
 
-Measured per text delta received: now − the stamp of the newest piece in it (the piece whose
-arrival made the worker flush; `delta` below), and now − the stamp of the oldest piece (which
-also includes the worker's deliberate ~50 ms coalescing; `delta incl. coalescing`). Echo: the
+Measured per text delta received: `delta` — now − the moment the worker handed it to the channel
+layer (stamped by this bench's wrapper of `TextDeltas._send` in the worker; the consumer
+passes delta fields through): the trip worker → layer → daphne → client that the echo is the
+floor of. Also, from the provider's stamps: `newest_piece` — now − the stamp of the newest
+piece in the delta, and `oldest_piece` — of the oldest, which adds the worker's deliberate
+coalescing (a piece waits at most DELTA_FLUSH_SECONDS, 50 ms, before it is sent). Echo: the
 round trip of a timestamped message through daphne's echo consumer, sampled by `--echo-clients`
 clients during the same seconds. Lost / duplicated: per run, the text rebuilt from the deltas'
 offsets must hold every piece exactly once and equal the step's final text.
@@ -77,6 +80,18 @@ def serve_workers() -> None:
         yield Finish("stop")
 
     scripted.ScriptedProvider.stream = stream  # inherited by the forked workers
+
+    # Stamp each text delta as the worker hands it to the channel layer (the consumer passes
+    # delta fields through), so the client can tell the trip from the coalescing before it.
+    from runs_app import live
+
+    product_send = live.TextDeltas._send
+
+    async def send(self, delta):
+        delta["sent_at"] = time.time()
+        await product_send(self, delta)
+
+    live.TextDeltas._send = send
     call_command("qcluster")
 
 
@@ -204,6 +219,7 @@ class Watcher:
     def __init__(self, session_id: str):
         self.session_id = session_id
         self.run_id: str | None = None
+        self.latency_trip: list[float] = []
         self.latency_newest: list[float] = []
         self.received_at: list[float] = []
         self.latency_oldest: list[float] = []
@@ -221,6 +237,7 @@ class Watcher:
         if message["type"] == "delta" and message["delta"]["kind"] == "text_delta":
             delta = message["delta"]
             stamps = PIECE.findall(delta["text"])
+            self.latency_trip.append(received_at - delta["sent_at"])
             self.latency_newest.append(received_at - float(stamps[-1][1]))
             self.received_at.append(received_at)
             self.latency_oldest.append(received_at - float(stamps[0][1]))
@@ -315,14 +332,15 @@ async def measure(args, base_url: str, cookie: str, sessions: list[str], post_al
     deltas = sum(len(w.latency_newest) for w in watchers)
     by_second: dict[int, list[float]] = {}
     for w in watchers:
-        for at, latency in zip(w.received_at, w.latency_newest):
+        for at, latency in zip(w.received_at, w.latency_trip):
             by_second.setdefault(int(at - window[0]), []).append(latency)
     return {
         # Per second of the streaming window: deltas received, and their p50 / max latency in ms.
         "by_second": {second: [len(v), round(percentile(v, 0.5) * 1000), round(max(v) * 1000)]
                       for second, v in sorted(by_second.items())} if args.by_second else None,
-        "delta": summary([v for w in watchers for v in w.latency_newest]),
-        "delta_incl_coalescing": summary([v for w in watchers for v in w.latency_oldest]),
+        "delta": summary([v for w in watchers for v in w.latency_trip]),
+        "newest_piece": summary([v for w in watchers for v in w.latency_newest]),
+        "oldest_piece": summary([v for w in watchers for v in w.latency_oldest]),
         "echo_rtt": summary(echo_in_window),
         "lost_pieces": lost,
         "duplicated_pieces": duplicated,
@@ -437,6 +455,7 @@ def main() -> None:
         "interval_s": args.interval,
         **result,
         "p99_ratio_delta_to_echo": result["delta"]["p99_ms"] / result["echo_rtt"]["p99_ms"],
+        "p99_ratio_newest_piece_to_echo": result["newest_piece"]["p99_ms"] / result["echo_rtt"]["p99_ms"],
     }
     print(json.dumps(report, indent=2))
 

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
@@ -74,3 +75,134 @@ def publish_events_on_commit(*, session_id, run_id, events: list[dict]) -> None:
 
 def publish_delta(*, session_id, run_id, delta: dict) -> None:
     publish(session_id=session_id, message={"type": "run.delta", "run_id": str(run_id), "delta": delta})
+
+
+# --- streamed text ---------------------------------------------------------------------------------
+
+# A step's text goes out at most this often: one doorbell per burst of tokens, not one per token.
+DELTA_FLUSH_SECONDS = 0.05
+# Some deltas also carry the whole text so far ("keyframes"), so a console that joined in the
+# middle of a stream, or missed a doorbell, is whole again by the next one: every delta while
+# the text is short, then one a second (carrying it in every delta made each doorbell as long
+# as the answer), and the stream's last. Beyond SO_FAR_LIMIT such a console waits for the
+# step's final text (step_completed).
+SO_FAR_ALWAYS = 1_000
+SO_FAR_LIMIT = 16_000
+KEYFRAME_SECONDS = 1.0
+
+
+class TextDeltas:
+    """One model step's text, published as deltas {kind, step, offset, text[, so_far]}.
+
+    The streaming thread only hands over the whole text after each piece (`add`); the process's
+    publisher thread sends what is new at once after a quiet spell and then at most every
+    DELTA_FLUSH_SECONDS — so no piece waits longer than that, even when the model pauses after
+    it, and the stream never waits for a publish. One send at a time, so deltas leave in order.
+    `close` sends the rest and returns once it is out (the step's events must follow its text);
+    `abandon` drops what is not sent yet (a worker that lost its lease must go quiet)."""
+
+    def __init__(self, *, session_id, run_id, step: int):
+        self.group = session_group(session_id)
+        self.run_id = str(run_id)
+        self.step = step
+        self._loop = _publisher_loop()
+        self._lock = threading.Lock()  # the fields below, between the two threads
+        self._text = ""
+        self._sent = 0
+        self._last_flush = 0.0
+        self._last_keyframe = time.monotonic()
+        self._keyframe_owed = False
+        self._busy = False  # a send is scheduled or on its way; it schedules the next itself
+        self._closed = False
+        self._timer: asyncio.TimerHandle | None = None  # loop side only
+        self._sending: asyncio.Task | None = None  # loop side only
+
+    def add(self, text: str) -> bool:
+        """The whole text after a piece; True when this started a send."""
+        with self._lock:
+            self._text = text
+            if self._busy or self._closed:
+                return False
+            self._busy = True
+            delay = self._delay()
+        self._loop.call_soon_threadsafe(self._schedule, delay)
+        return True
+
+    def close(self, text: str) -> None:
+        with self._lock:
+            self._text = text
+            self._closed = True
+        try:
+            asyncio.run_coroutine_threadsafe(self._finish(), self._loop).result(timeout=PUBLISH_TIMEOUT_SECONDS)
+        except Exception:  # noqa: BLE001 - as publish(): the event log holds the truth
+            logger.warning("live text of run %s step %s: last delta not sent", self.run_id, self.step, exc_info=True)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._loop.call_soon_threadsafe(self._cancel_timer)
+
+    # --- on the publisher loop ----------------------------------------------------------------------
+
+    def _delay(self) -> float:
+        return max(0.0, self._last_flush + DELTA_FLUSH_SECONDS - time.monotonic())
+
+    def _schedule(self, delay: float) -> None:
+        with self._lock:
+            if self._closed:
+                self._busy = False
+                return
+        self._timer = self._loop.call_later(delay, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        self._sending = self._loop.create_task(self._send_new())
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _send_new(self) -> None:
+        delta = self._take(last=False)
+        if delta is not None:
+            await self._send(delta)
+        with self._lock:
+            if self._closed or len(self._text) <= self._sent:
+                self._busy = False
+                return
+            delay = self._delay()
+        self._schedule(delay)
+
+    async def _finish(self) -> None:
+        self._cancel_timer()
+        if self._sending is not None and not self._sending.done():
+            await self._sending
+        delta = self._take(last=True)
+        if delta is not None:
+            await self._send(delta)
+
+    def _take(self, *, last: bool) -> dict | None:
+        with self._lock:
+            text, now = self._text, time.monotonic()
+            if len(text) <= self._sent and not (last and self._keyframe_owed):
+                return None
+            delta = {"kind": "text_delta", "step": self.step, "offset": self._sent, "text": text[self._sent:]}
+            keyframe = last or len(text) <= SO_FAR_ALWAYS or now - self._last_keyframe >= KEYFRAME_SECONDS
+            if keyframe and len(text) <= SO_FAR_LIMIT:
+                delta["so_far"] = text
+                self._last_keyframe, self._keyframe_owed = now, False
+            else:
+                self._keyframe_owed = True
+            self._sent, self._last_flush = len(text), now
+            return delta
+
+    async def _send(self, delta: dict) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        message = {"type": "run.delta", "run_id": self.run_id, "delta": delta}
+        try:
+            await asyncio.wait_for(layer.group_send(self.group, message), PUBLISH_TIMEOUT_SECONDS)
+        except Exception:  # noqa: BLE001 - as publish()
+            logger.warning("live text of run %s step %s: delta not sent", self.run_id, self.step, exc_info=True)

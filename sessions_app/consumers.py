@@ -250,15 +250,20 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         delta = message["delta"]
         if delta.get("kind") == "text_delta":
             key = (run_id, delta["step"])
-            sent = self.text_sent.get(key, 0)
+            sent = self.text_sent.get(key, 0)  # the client has the text up to here, without gaps
             end = delta["offset"] + len(delta["text"])
             if end <= sent:
                 return  # the client has every character of it already
-            if delta["offset"] <= sent and "so_far" in delta:
-                # No gap before this piece: the whole text so far would only repeat what the
-                # client has (and make every delta as long as the answer).
-                delta = {key_: value for key_, value in delta.items() if key_ != "so_far"}
-            self.text_sent[key] = end
+            if delta["offset"] <= sent:
+                if "so_far" in delta:
+                    # No gap before this piece: the whole text so far would only repeat what the
+                    # client has (and make the message as long as the answer).
+                    delta = {key_: value for key_, value in delta.items() if key_ != "so_far"}
+                self.text_sent[key] = end
+            elif "so_far" in delta:
+                self.text_sent[key] = len(delta["so_far"])  # the text so far closes the gap
+            # else: a gap before this piece; the client keeps it aside until a delta carrying
+            # the text so far (the worker sends one a second) closes the gap.
         await self.send_json({"type": "delta", "run_id": run_id, "delta": delta})
 
 

@@ -3,7 +3,6 @@
 import json
 import logging
 import random
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ from runs_app.engine.context import context_build
 from runs_app.engine.faults import fault_point
 from runs_app.engine.lease import Heartbeat, Lease
 from runs_app.engine.state import Checkpoint, RunFailure, StopDriving
-from runs_app.live import publish_delta
+from runs_app.live import TextDeltas, publish_delta
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from runs_app.providers import get_provider
 from runs_app.providers.base import (
@@ -35,10 +34,6 @@ from sessions_app.services import messages_append
 from tools_app.registry import tool_get, tool_schemas
 
 logger = logging.getLogger("warden.engine")
-
-# Deltas are coalesced before publishing: one doorbell per burst, not one per token.
-DELTA_FLUSH_SECONDS = 0.05
-
 
 @dataclass
 class ProposedCall:
@@ -155,9 +150,7 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
 
 def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat: Heartbeat) -> StreamResult:
     result = StreamResult()
-    pending_text = ""
-    last_flush = time.monotonic()
-    offset = 0
+    text_out = TextDeltas(session_id=run.session_id, run_id=run.id, step=step.index)
     heartbeat.streaming(step_id=step.pk, text_getter=lambda: result.text)
     events = provider.stream(request)
     try:
@@ -169,12 +162,7 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
                 break
             if isinstance(event, TextDelta):
                 result.text += event.text
-                pending_text += event.text
-                if time.monotonic() - last_flush >= DELTA_FLUSH_SECONDS:
-                    _flush_text(run=run, step=step, offset=offset, text=pending_text, so_far=result.text)
-                    offset += len(pending_text)
-                    pending_text = ""
-                    last_flush = time.monotonic()
+                if text_out.add(result.text):
                     fault_point("mid_model_stream")
             elif isinstance(event, ToolCallDelta):
                 call = result.calls.setdefault(event.index, ProposedCall(index=event.index))
@@ -191,26 +179,16 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
                 result.output_tokens += event.output_tokens
             elif isinstance(event, Finish):
                 result.finish_reason = event.reason
+    except BaseException:
+        text_out.abandon()  # lease lost, provider error: nothing more of this text goes out
+        raise
     finally:
         close = getattr(events, "close", None)
         if close:
             close()
         heartbeat.streaming(step_id=None, text_getter=None)
-    if pending_text:
-        _flush_text(run=run, step=step, offset=offset, text=pending_text, so_far=result.text)
+    text_out.close(result.text)
     return result
-
-
-# Deltas also carry the whole text so far while it is short, so a console that joins in the
-# middle of a stream is complete after one delta, whatever it missed.
-SO_FAR_LIMIT = 16_000
-
-
-def _flush_text(*, run: Run, step: Step, offset: int, text: str, so_far: str) -> None:
-    delta = {"kind": "text_delta", "step": step.index, "offset": offset, "text": text}
-    if len(so_far) <= SO_FAR_LIMIT:
-        delta["so_far"] = so_far
-    publish_delta(session_id=run.session_id, run_id=run.id, delta=delta)
 
 
 def _validate(result: StreamResult) -> str:

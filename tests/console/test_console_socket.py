@@ -151,6 +151,61 @@ def test_a_lost_doorbell_is_filled_from_the_event_log(procs):
     assert notes == [{"n": 1}, {"n": 2}]
 
 
+def test_streamed_text_goes_out_without_waiting_for_the_models_next_piece(procs):
+    """The worker coalesces a step's text, but a piece never waits for the next one: when the
+    model goes quiet, what it has sent still reaches the console; `close` sends the rest."""
+    from runs_app.live import TextDeltas
+
+    procs.start_web()
+    user = UserFactory()
+    session = session_create(owner=user, title="quiet model")
+    run = message_post(session=session, content="hello", acting_user=user).run
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        out = TextDeltas(session_id=session.pk, run_id=run.pk, step=0)
+        assert out.add("Hel")  # nothing in flight: this starts a send
+        out.add("Hello")  # coalesced into that send or the next one; then the model is quiet
+        console.until(lambda m: m["type"] == "delta" and m["delta"]["offset"] + len(m["delta"]["text"]) == 5)
+        out.add("Hello, world")
+        out.close("Hello, world!")
+        console.until(lambda m: m["type"] == "delta" and m["delta"]["text"].endswith("!"))
+    deltas = [m["delta"] for m in console.received if m["type"] == "delta"]
+    offsets = [len("".join(d["text"] for d in deltas[:i])) for i in range(len(deltas))]
+    assert [d["offset"] for d in deltas] == offsets  # in order, each where the last ended
+    assert console.texts[(str(run.pk), 0)].text == "Hello, world!"
+
+
+def test_a_lost_text_doorbell_is_repaired_by_the_next_delta_carrying_the_text_so_far(procs):
+    """Deltas are sent to a client as they come; only one that follows a gap keeps the text so
+    far (the worker adds it about once a second), and the client is whole again from it."""
+    from runs_app.live import publish_delta
+
+    procs.start_web()
+    user = UserFactory()
+    session = session_create(owner=user, title="lossy text")
+    run = message_post(session=session, content="hello", acting_user=user).run
+
+    def text(offset, piece, so_far=None):
+        delta = {"kind": "text_delta", "step": 0, "offset": offset, "text": piece}
+        if so_far is not None:
+            delta["so_far"] = so_far
+        publish_delta(session_id=session.pk, run_id=run.pk, delta=delta)
+
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        text(0, "Hello", so_far="Hello")
+        with override_settings(CHANNEL_LAYERS={}):
+            text(5, ", wor")  # never announced
+        text(10, "ld")  # after the gap, without the text so far: kept aside by the client
+        text(12, "!", so_far="Hello, world!")  # repairs the gap
+        text(13, " Bye.", so_far="Hello, world! Bye.")  # no gap any more: sent without it
+        console.until(lambda m: m["type"] == "delta" and m["delta"]["text"] == " Bye.")
+    sent = [m["delta"] for m in console.received if m["type"] == "delta"]
+    assert [(d["offset"], "so_far" in d) for d in sent] == [(0, False), (10, False), (12, True), (13, False)]
+    streamed = console.texts[(str(run.pk), 0)]
+    assert (streamed.text, streamed.stash) == ("Hello, world! Bye.", [])
+
+
 def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(procs):
     """A web process whose first consoles connect at the same moment (a restart, a reconnect
     storm) must still hand each message to each console once, including one too big for
@@ -212,7 +267,7 @@ def layer_holds_group(layer: str, group: str) -> bool:
     in_postgres = GroupChannel.objects.filter(group_key=f"asgi:group:{group}").exists()
     client = redis.Redis.from_url(REDIS_TEST_URL)
     try:
-        in_redis = bool(client.exists(f"asgi:group:{group}"))
+        in_redis = bool(client.pubsub_channels(f"asgi__group__{group}"))  # daphne's subscription
     finally:
         client.close()
     return (in_postgres, in_redis) == ((True, False) if layer == "postgres" else (False, True))
