@@ -13,7 +13,7 @@ moment the provider yields them. Everything after the provider — coalescing, p
 the layer, daphne, the consumer — is the product's code, unchanged.
 
 Measured per text delta received: `delta` — now − the moment the worker handed it to the channel
-layer (stamped by this bench's wrapper of `TextDeltas._send` in the worker; the consumer
+layer (stamped by this bench's wrapper of `StepDeltas._send` in the worker; the consumer
 passes delta fields through): the trip worker → layer → daphne → client that the echo is the
 floor of. Also, from the provider's stamps: `newest_piece` — now − the stamp of the newest
 piece in the delta, and `oldest_piece` — of the oldest, which adds the worker's deliberate
@@ -85,13 +85,13 @@ def serve_workers() -> None:
     # delta fields through), so the client can tell the trip from the coalescing before it.
     from runs_app import live
 
-    product_send = live.TextDeltas._send
+    product_send = live.StepDeltas._send
 
     async def send(self, delta):
         delta["sent_at"] = time.time()
         await product_send(self, delta)
 
-    live.TextDeltas._send = send
+    live.StepDeltas._send = send
     call_command("qcluster")
 
 

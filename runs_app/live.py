@@ -91,10 +91,12 @@ SO_FAR_LIMIT = 16_000
 KEYFRAME_SECONDS = 1.0
 
 
-class TextDeltas:
-    """One model step's text, published as deltas {kind, step, offset, text[, so_far]}.
+class StepDeltas:
+    """One model step's stream, published as deltas: text {kind: text_delta, step, offset, text
+    [, so_far]} and tool-call argument fragments {kind: tool_call_delta, step, index, id, name,
+    offset, arguments}. Offsets let a console skip what it has and notice what it missed.
 
-    The streaming thread only hands over the whole text after each piece (`add`); the process's
+    The streaming thread only hands over what it has so far (`text`, `call`); the process's
     publisher thread sends what is new at once after a quiet spell and then at most every
     DELTA_FLUSH_SECONDS — so no piece waits longer than that, even when the model pauses after
     it, and the stream never waits for a publish. One send at a time, so deltas leave in order.
@@ -109,6 +111,8 @@ class TextDeltas:
         self._lock = threading.Lock()  # the fields below, between the two threads
         self._text = ""
         self._sent = 0
+        self._calls: dict[int, tuple[str, str, str]] = {}  # index -> (id, name, arguments so far)
+        self._calls_sent: dict[int, int] = {}  # index -> argument characters published
         self._last_flush = 0.0
         self._last_keyframe = time.monotonic()
         self._keyframe_owed = False
@@ -117,16 +121,17 @@ class TextDeltas:
         self._timer: asyncio.TimerHandle | None = None  # loop side only
         self._sending: asyncio.Task | None = None  # loop side only
 
-    def add(self, text: str) -> bool:
+    def text(self, text: str) -> bool:
         """The whole text after a piece; True when this started a send."""
         with self._lock:
             self._text = text
-            if self._busy or self._closed:
-                return False
-            self._busy = True
-            delay = self._delay()
-        self._loop.call_soon_threadsafe(self._schedule, delay)
-        return True
+            return self._kick()
+
+    def call(self, *, index: int, id: str, name: str, arguments: str) -> bool:
+        """A tool call's arguments so far, after a fragment; True when this started a send."""
+        with self._lock:
+            self._calls[index] = (id, name, arguments)
+            return self._kick()
 
     def close(self, text: str) -> None:
         with self._lock:
@@ -135,17 +140,29 @@ class TextDeltas:
         try:
             asyncio.run_coroutine_threadsafe(self._finish(), self._loop).result(timeout=PUBLISH_TIMEOUT_SECONDS)
         except Exception:  # noqa: BLE001 - as publish(): the event log holds the truth
-            logger.warning("live text of run %s step %s: last delta not sent", self.run_id, self.step, exc_info=True)
+            logger.warning("live stream of run %s step %s: last deltas not sent", self.run_id, self.step, exc_info=True)
 
     def abandon(self) -> None:
         with self._lock:
             self._closed = True
         self._loop.call_soon_threadsafe(self._cancel_timer)
 
-    # --- on the publisher loop ----------------------------------------------------------------------
+    def _kick(self) -> bool:  # with the lock held
+        if self._busy or self._closed:
+            return False
+        self._busy = True
+        self._loop.call_soon_threadsafe(self._schedule, self._delay())
+        return True
 
     def _delay(self) -> float:
         return max(0.0, self._last_flush + DELTA_FLUSH_SECONDS - time.monotonic())
+
+    def _news(self) -> bool:  # with the lock held
+        return len(self._text) > self._sent or any(
+            len(arguments) > self._calls_sent.get(index, -1) for index, (_, _, arguments) in self._calls.items()
+        )
+
+    # --- on the publisher loop ----------------------------------------------------------------------
 
     def _schedule(self, delay: float) -> None:
         with self._lock:
@@ -164,11 +181,10 @@ class TextDeltas:
             self._timer = None
 
     async def _send_new(self) -> None:
-        delta = self._take(last=False)
-        if delta is not None:
+        for delta in self._take(last=False):
             await self._send(delta)
         with self._lock:
-            if self._closed or len(self._text) <= self._sent:
+            if self._closed or not self._news():
                 self._busy = False
                 return
             delay = self._delay()
@@ -178,24 +194,34 @@ class TextDeltas:
         self._cancel_timer()
         if self._sending is not None and not self._sending.done():
             await self._sending
-        delta = self._take(last=True)
-        if delta is not None:
+        for delta in self._take(last=True):
             await self._send(delta)
 
-    def _take(self, *, last: bool) -> dict | None:
+    def _take(self, *, last: bool) -> list[dict]:
         with self._lock:
-            text, now = self._text, time.monotonic()
-            if len(text) <= self._sent and not (last and self._keyframe_owed):
-                return None
-            delta = {"kind": "text_delta", "step": self.step, "offset": self._sent, "text": text[self._sent:]}
-            keyframe = last or len(text) <= SO_FAR_ALWAYS or now - self._last_keyframe >= KEYFRAME_SECONDS
-            if keyframe and len(text) <= SO_FAR_LIMIT:
-                delta["so_far"] = text
-                self._last_keyframe, self._keyframe_owed = now, False
-            else:
-                self._keyframe_owed = True
-            self._sent, self._last_flush = len(text), now
-            return delta
+            now = time.monotonic()
+            deltas = []
+            for index, (call_id, name, arguments) in sorted(self._calls.items()):
+                sent = self._calls_sent.get(index, -1)  # -1: not even announced yet
+                if len(arguments) > sent:
+                    offset = max(sent, 0)
+                    deltas.append({"kind": "tool_call_delta", "step": self.step, "index": index, "id": call_id,
+                                   "name": name, "offset": offset, "arguments": arguments[offset:]})
+                    self._calls_sent[index] = len(arguments)
+            text = self._text
+            if len(text) > self._sent or (last and self._keyframe_owed):
+                delta = {"kind": "text_delta", "step": self.step, "offset": self._sent, "text": text[self._sent:]}
+                keyframe = last or len(text) <= SO_FAR_ALWAYS or now - self._last_keyframe >= KEYFRAME_SECONDS
+                if keyframe and len(text) <= SO_FAR_LIMIT:
+                    delta["so_far"] = text
+                    self._last_keyframe, self._keyframe_owed = now, False
+                else:
+                    self._keyframe_owed = True
+                self._sent = len(text)
+                deltas.insert(0, delta)
+            if deltas:
+                self._last_flush = now
+            return deltas
 
     async def _send(self, delta: dict) -> None:
         layer = get_channel_layer()
@@ -205,4 +231,4 @@ class TextDeltas:
         try:
             await asyncio.wait_for(layer.group_send(self.group, message), PUBLISH_TIMEOUT_SECONDS)
         except Exception:  # noqa: BLE001 - as publish()
-            logger.warning("live text of run %s step %s: delta not sent", self.run_id, self.step, exc_info=True)
+            logger.warning("live stream of run %s step %s: delta not sent", self.run_id, self.step, exc_info=True)

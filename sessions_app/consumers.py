@@ -5,8 +5,9 @@
   far of any model step in progress — so nothing committed between the two is lost.
 - Live `run.events` are forwarded gap-free and without duplicates per run: seqs the client
   has are dropped; a jump (a lost or overtaken doorbell) is filled from RunEvent.
-- `run.delta` (text and tool-call fragments) is forwarded as is; text deltas carry their
-  step and character offset, so the client reconciles them with what it already shows.
+- `run.delta` (text and tool-call argument fragments) carries its step and character offset,
+  so what a client already has is dropped here and the client reconciles the rest with what it
+  shows; a text delta after a gap keeps the text so far when the worker sent it along.
 - `post`, `cancel` and `decide` go through the services (sessions_app.views' console_*
   actions); a refusal comes back as {"type": "error", "code", "message"}.
 
@@ -115,6 +116,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         # Per (run, step): how far the text this client was sent reaches. A doorbell delivered
         # twice (channels_postgres 1.1 can run two listeners in one process) is dropped here.
         self.text_sent: dict[tuple[str, int], int] = {}
+        self.calls_sent: dict[tuple[str, int, int], int] = {}  # per (run, step, call index), likewise
         await self.accept()
 
     async def disconnect(self, code):
@@ -248,7 +250,15 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         if not await self._watching(run_id):
             return
         delta = message["delta"]
-        if delta.get("kind") == "text_delta":
+        if delta.get("kind") == "tool_call_delta" and isinstance(delta.get("offset"), int):
+            key = (run_id, delta["step"], delta["index"])
+            sent = self.calls_sent.get(key, -1)  # argument characters the client has; -1: not announced
+            end = delta["offset"] + len(delta["arguments"])
+            if end <= sent or self.text_sent.get((run_id, delta["step"])) == STEP_CLOSED:
+                return
+            if delta["offset"] <= max(sent, 0):
+                self.calls_sent[key] = end
+        elif delta.get("kind") == "text_delta":
             key = (run_id, delta["step"])
             sent = self.text_sent.get(key, 0)  # the client has the text up to here, without gaps
             end = delta["offset"] + len(delta["text"])

@@ -15,7 +15,7 @@ from runs_app.engine.context import context_build
 from runs_app.engine.faults import fault_point
 from runs_app.engine.lease import Heartbeat, Lease
 from runs_app.engine.state import Checkpoint, RunFailure, StopDriving
-from runs_app.live import TextDeltas, publish_delta
+from runs_app.live import StepDeltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from runs_app.providers import get_provider
 from runs_app.providers.base import (
@@ -150,7 +150,7 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
 
 def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat: Heartbeat) -> StreamResult:
     result = StreamResult()
-    text_out = TextDeltas(session_id=run.session_id, run_id=run.id, step=step.index)
+    out = StepDeltas(session_id=run.session_id, run_id=run.id, step=step.index)
     heartbeat.streaming(step_id=step.pk, text_getter=lambda: result.text)
     events = provider.stream(request)
     try:
@@ -162,32 +162,28 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
                 break
             if isinstance(event, TextDelta):
                 result.text += event.text
-                if text_out.add(result.text):
+                if out.text(result.text):
                     fault_point("mid_model_stream")
             elif isinstance(event, ToolCallDelta):
                 call = result.calls.setdefault(event.index, ProposedCall(index=event.index))
                 call.id = call.id or (event.id or "")
                 call.name = call.name or (event.name or "")
                 call.arguments_text += event.arguments or ""
-                publish_delta(
-                    session_id=run.session_id,
-                    run_id=run.id,
-                    delta={"kind": "tool_call_delta", "step": step.index, "index": event.index, "id": call.id, "name": call.name, "arguments": event.arguments},
-                )
+                out.call(index=event.index, id=call.id, name=call.name, arguments=call.arguments_text)
             elif isinstance(event, Usage):
                 result.input_tokens += event.input_tokens
                 result.output_tokens += event.output_tokens
             elif isinstance(event, Finish):
                 result.finish_reason = event.reason
     except BaseException:
-        text_out.abandon()  # lease lost, provider error: nothing more of this text goes out
+        out.abandon()  # lease lost, provider error: nothing more of this stream goes out
         raise
     finally:
         close = getattr(events, "close", None)
         if close:
             close()
         heartbeat.streaming(step_id=None, text_getter=None)
-    text_out.close(result.text)
+    out.close(result.text)
     return result
 
 

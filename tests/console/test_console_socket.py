@@ -154,7 +154,7 @@ def test_a_lost_doorbell_is_filled_from_the_event_log(procs):
 def test_streamed_text_goes_out_without_waiting_for_the_models_next_piece(procs):
     """The worker coalesces a step's text, but a piece never waits for the next one: when the
     model goes quiet, what it has sent still reaches the console; `close` sends the rest."""
-    from runs_app.live import TextDeltas
+    from runs_app.live import StepDeltas
 
     procs.start_web()
     user = UserFactory()
@@ -162,17 +162,45 @@ def test_streamed_text_goes_out_without_waiting_for_the_models_next_piece(procs)
     run = message_post(session=session, content="hello", acting_user=user).run
     with ConsoleSocket(open_socket(procs, user=user)) as console:
         console.subscribe(session.pk)
-        out = TextDeltas(session_id=session.pk, run_id=run.pk, step=0)
-        assert out.add("Hel")  # nothing in flight: this starts a send
-        out.add("Hello")  # coalesced into that send or the next one; then the model is quiet
+        out = StepDeltas(session_id=session.pk, run_id=run.pk, step=0)
+        assert out.text("Hel")  # nothing in flight: this starts a send
+        out.text("Hello")  # coalesced into that send or the next one; then the model is quiet
         console.until(lambda m: m["type"] == "delta" and m["delta"]["offset"] + len(m["delta"]["text"]) == 5)
-        out.add("Hello, world")
+        out.text("Hello, world")
         out.close("Hello, world!")
         console.until(lambda m: m["type"] == "delta" and m["delta"]["text"].endswith("!"))
     deltas = [m["delta"] for m in console.received if m["type"] == "delta"]
     offsets = [len("".join(d["text"] for d in deltas[:i])) for i in range(len(deltas))]
     assert [d["offset"] for d in deltas] == offsets  # in order, each where the last ended
     assert console.texts[(str(run.pk), 0)].text == "Hello, world!"
+
+
+def test_tool_call_fragments_arrive_in_order_once_each_with_their_offsets(procs):
+    from runs_app.live import StepDeltas, publish_delta
+
+    procs.start_web()
+    user = UserFactory()
+    session = session_create(owner=user, title="drafts")
+    run = message_post(session=session, content="hello", acting_user=user).run
+    arguments = '{"order_id": "A-1001", "amount": "20.00"}'
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        out = StepDeltas(session_id=session.pk, run_id=run.pk, step=0)
+        out.call(index=0, id="call_1", name="execute_refund", arguments="")
+        for cut in range(4, len(arguments) + 1, 4):
+            out.call(index=0, id="call_1", name="execute_refund", arguments=arguments[:cut])
+        out.call(index=0, id="call_1", name="execute_refund", arguments=arguments)
+        out.close("")
+        # A doorbell rung twice (or late) is not passed on: the client has those characters.
+        publish_delta(session_id=session.pk, run_id=run.pk, delta={
+            "kind": "tool_call_delta", "step": 0, "index": 0, "id": "call_1", "name": "execute_refund", "offset": 0,
+            "arguments": arguments[:8]})
+        run_event_append(run_id=run.pk, kind="note", payload={"fence": True})
+        console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "note")
+    fragments = [m["delta"] for m in console.received if m["type"] == "delta"]
+    assert all(f["kind"] == "tool_call_delta" and f["name"] == "execute_refund" for f in fragments)
+    assert [f["offset"] for f in fragments] == [len("".join(f["arguments"] for f in fragments[:i])) for i in range(len(fragments))]
+    assert "".join(f["arguments"] for f in fragments) == arguments
 
 
 def test_a_lost_text_doorbell_is_repaired_by_the_next_delta_carrying_the_text_so_far(procs):
@@ -222,9 +250,10 @@ def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(proc
     with ThreadPoolExecutor(max_workers=8) as pool:
         consoles = [ConsoleSocket(c) for c in pool.map(lambda _: open_socket(procs, cookie=cookie), range(8))]
         list(pool.map(lambda console: console.subscribe(session.pk), consoles))
-    big = {"kind": "tool_call_delta", "step": 0, "index": 0, "id": "call_1", "name": "query_order", "arguments": "x" * 9000}
+    big = {"kind": "tool_call_delta", "step": 0, "index": 0, "id": "call_1", "name": "query_order", "offset": 0,
+           "arguments": "x" * 9000}
     publish_delta(session_id=session.pk, run_id=run.pk, delta=big)
-    publish_delta(session_id=session.pk, run_id=run.pk, delta={**big, "arguments": "small"})
+    publish_delta(session_id=session.pk, run_id=run.pk, delta={**big, "offset": 9000, "arguments": "small"})
     run_event_append(run_id=run.pk, kind="note", payload={"fence": True})
     for console in consoles:
         with console:

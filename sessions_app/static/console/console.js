@@ -522,7 +522,15 @@
       drafts.appendChild(draft);
     }
     draft.querySelector(".tool-name").textContent = "preparing " + (delta.name || "a tool call") + " ";
-    draft.querySelector("code").textContent += delta.arguments || "";
+    // Fragments carry their offset in the arguments: what the page has is skipped; one past the
+    // end (a missed doorbell) is dropped — the tool-call card shows the whole arguments anyway.
+    var code = draft.querySelector("code");
+    var have = code.textContent;
+    var args = delta.arguments || "";
+    var offset = typeof delta.offset === "number" ? delta.offset : have.length;
+    if (offset <= have.length && offset + args.length > have.length) {
+      code.textContent = have + args.slice(have.length - offset);
+    }
   }
 
   // --- the socket -------------------------------------------------------------------------------------
