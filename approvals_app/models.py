@@ -15,6 +15,7 @@ class ApprovalStatus(models.TextChoices):
     APPROVED = "approved"
     REJECTED = "rejected"
     EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"  # the run was cancelled before anyone decided
 
 
 class Approval(models.Model):

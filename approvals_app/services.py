@@ -158,15 +158,15 @@ def approval_expire(*, approval: Approval, lease_token: int | None = None) -> bo
 
 
 def approval_close_for_cancel(*, approval: Approval, cancelled_by, lease_token: int | None = None) -> bool:
-    """The run is being cancelled: its open request is closed (rejected by the person who
-    cancelled, or expired when no person did) and logged. The caller cancels the tool call and
-    the run itself, so nothing here resumes the run."""
-    to = ApprovalStatus.REJECTED if cancelled_by is not None else ApprovalStatus.EXPIRED
+    """The run is being cancelled: its open request is withdrawn — nobody decided it, so it is
+    neither rejected (which would put a decision in the name of whoever cancelled, who may not
+    be allowed to decide it) nor expired — and logged, naming who cancelled when a person did.
+    The caller cancels the tool call and the run itself, so nothing here resumes the run."""
     with transaction.atomic():
-        if not _transition(approval=approval, to=to, decided_by=cancelled_by, note="run cancelled"):
+        if not _transition(approval=approval, to=ApprovalStatus.WITHDRAWN, decided_by=cancelled_by, note="run cancelled"):
             return False
-        kind = "approval_decided" if to == ApprovalStatus.REJECTED else "approval_expired"
-        run_write(run_id=approval.run_id, events=[(kind, approval_event_payload(approval))], lease_token=lease_token, raise_on_miss=True)
+        run_write(run_id=approval.run_id, events=[("approval_withdrawn", approval_event_payload(approval))],
+                  lease_token=lease_token, raise_on_miss=True)
     return True
 
 
@@ -181,8 +181,10 @@ def tool_call_close_for_decision(*, approval: Approval, lease_token: int | None 
     call = ToolCall.objects.get(pk=approval.tool_call_id)
     if call.status != ToolCallStatus.PENDING:
         return
-    reason = "approval_rejected" if approval.status == ApprovalStatus.REJECTED else "approval_expired"
-    detail = approval.note or ("the approval request expired" if reason == "approval_expired" else "rejected")
+    reason = {ApprovalStatus.REJECTED: "approval_rejected", ApprovalStatus.WITHDRAWN: "approval_withdrawn"}.get(
+        approval.status, "approval_expired")
+    detail = approval.note or {"approval_expired": "the approval request expired", "approval_rejected": "rejected"}.get(
+        reason, "the request was withdrawn")
     with transaction.atomic():
         if tool_call_transition(
             tool_call=call, to=ToolCallStatus.CANCELLED, lease_token=lease_token, error_code=reason, error_detail=detail

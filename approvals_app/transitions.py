@@ -5,10 +5,11 @@ from runs_app.transitions import check_transition
 
 A = ApprovalStatus
 APPROVAL_TRANSITIONS: dict[str, frozenset[str]] = {
-    A.PENDING: frozenset({A.APPROVED, A.REJECTED, A.EXPIRED}),
+    A.PENDING: frozenset({A.APPROVED, A.REJECTED, A.EXPIRED, A.WITHDRAWN}),
     A.APPROVED: frozenset(),
     A.REJECTED: frozenset(),
     A.EXPIRED: frozenset(),
+    A.WITHDRAWN: frozenset(),
 }
 
 

@@ -191,7 +191,7 @@ def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, tool) -> bool:
                 wait_type="approval", request_id=str(approval.id), expires_at=approval.expires_at, resume_target=str(call.id),
             )
         raise StopDriving("approval")
-    # Rejected or expired but the call is still open (the deciding transaction closes it; this
+    # Rejected, expired or withdrawn but the call is still open (the deciding transaction closes it; this
     # is the belt to those braces).
     from approvals_app.services import tool_call_close_for_decision
 

@@ -49,7 +49,7 @@ LIST_ENDPOINTS = {
     ("GET", "/sessions"): {},
     ("GET", "/runs"): {},
     ("GET", "/tool-calls"): {},
-    ("GET", "/approvals"): {"decidable": "false", "status": ["pending", "approved", "rejected", "expired"]},
+    ("GET", "/approvals"): {"decidable": "false", "status": ["pending", "approved", "rejected", "expired", "withdrawn"]},
 }
 # Endpoints that address no existing object.
 OTHER_ENDPOINTS = {("GET", "/me"), ("POST", "/sessions")}

@@ -168,14 +168,14 @@ def test_events_of_a_live_run_are_never_finished(world, alice_api):
 
 # --- cancel --------------------------------------------------------------------------------
 
-def test_cancelling_a_waiting_run_finishes_it_and_rejects_its_approval(alice, world, alice_api):
+def test_cancelling_a_waiting_run_finishes_it_and_withdraws_its_approval(alice, world, alice_api):
     response = alice_api.post(f"/runs/{world.approval_run.pk}/cancel", {"reason": "changed my mind"})
     assert response.status_code == 202
     assert response.json()["status"] == "cancelled"
     world.approval_run.refresh_from_db()
     assert (world.approval_run.cancel_requested_by, world.approval_run.cancel_reason) == (alice, "changed my mind")
     world.user_approval.refresh_from_db()
-    assert world.user_approval.status == ApprovalStatus.REJECTED
+    assert world.user_approval.status == ApprovalStatus.WITHDRAWN
     assert world.user_approval.tool_call.status == ToolCallStatus.CANCELLED
     assert AuditEntry.objects.filter(action="cancel", actor=alice, object_id=str(world.approval_run.pk)).exists()
     detail = alice_api.get(f"/runs/{world.approval_run.pk}").json()

@@ -97,7 +97,7 @@ def test_a_waiting_run_cancels_at_once_and_closes_its_approval(procs, demo_world
     run_cancel_request(run=run, acting_user=run.created_by, reason="no longer needed")
     assert _status(run.id) == RunStatus.CANCELLED  # nothing in flight: at once
     approval = Approval.objects.get(run=run)
-    assert approval.status == ApprovalStatus.REJECTED and approval.decided_by == run.created_by
+    assert approval.status == ApprovalStatus.WITHDRAWN and approval.decided_by == run.created_by
     refund = ToolCall.objects.get(run=run, tool_name="execute_refund")
     assert refund.status == ToolCallStatus.CANCELLED
     answer = Run.objects.get(pk=run.id).messages.get(role=MessageRole.TOOL, tool_call_id=refund.tool_call_id)

@@ -114,7 +114,7 @@ def test_an_intent_switch_while_waiting_for_approval_cancels_at_once(transaction
     result = message_post(session=session, content="forget it", mode=InputMode.NEW_INTENT, acting_user=user)
     first.refresh_from_db()
     assert result.disposition == "pending" and first.status == RunStatus.CANCELLED
-    assert Approval.objects.get(run=first).status == ApprovalStatus.REJECTED
+    assert Approval.objects.get(run=first).status == ApprovalStatus.WITHDRAWN
     follow_up = Run.objects.filter(session=session).exclude(pk=first.pk).get()
     assert follow_up.status == RunStatus.QUEUED
     assert PendingInput.objects.get(session=session).consumed_by == follow_up

@@ -36,7 +36,7 @@ def test_cancel_button_asks_for_a_reason_then_cancels_a_waiting_run(canceller, p
     assert run.status == RunStatus.CANCELLED and run.cancel_requested_by == canceller
     assert run.cancel_reason == "customer withdrew the request"
     pending_refund.approval.refresh_from_db()
-    assert pending_refund.approval.status == ApprovalStatus.REJECTED
+    assert (pending_refund.approval.status, pending_refund.approval.decided_by) == (ApprovalStatus.WITHDRAWN, canceller)
     entry = AuditEntry.objects.get(action="cancel", object_id=str(run.pk))
     assert entry.actor == canceller and entry.before == {"status": "waiting"} and entry.after == {"cancel_requested": True}
 

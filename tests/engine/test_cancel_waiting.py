@@ -18,16 +18,18 @@ def _waiting_for_approval():
     return run, ApprovalFactory(tool_call=call, run=run)
 
 
-@pytest.mark.parametrize(("by_person", "closed_as", "event"), [
-    (True, ApprovalStatus.REJECTED, "approval_decided"),
-    (False, ApprovalStatus.EXPIRED, "approval_expired"),
-])
-def test_cancel_closes_the_open_approval_and_the_run(by_person, closed_as, event):
+@pytest.mark.parametrize("by_person", [True, False])
+def test_cancel_withdraws_the_open_approval_and_cancels_the_run(by_person):
+    """Withdrawn, not rejected: the customer who cancels did not decide an operator-level
+    request (and may not); not expired: its time did not run out."""
     run, approval = _waiting_for_approval()
-    run_cancel_request(run=run, acting_user=run.session.owner if by_person else None, reason="stop")
+    canceller = run.session.owner if by_person else None
+    run_cancel_request(run=run, acting_user=canceller, reason="stop")
     run.refresh_from_db(), approval.refresh_from_db(), approval.tool_call.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
-    assert approval.status == closed_as
+    assert (approval.status, approval.decided_by, approval.note) == (ApprovalStatus.WITHDRAWN, canceller, "run cancelled")
+    assert approval.decided_at is not None
     assert approval.tool_call.status == ToolCallStatus.CANCELLED
     types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
-    assert event in types and types.index(event) < types.index("run_status")
+    assert "approval_withdrawn" in types and types.index("approval_withdrawn") < types.index("run_status")
+    assert "approval_decided" not in types

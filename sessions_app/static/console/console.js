@@ -205,6 +205,7 @@
       case "approval_requested":
       case "approval_decided":
       case "approval_expired":
+      case "approval_withdrawn":
         upsertApproval(run, p);
         break;
       case "input_queued":
