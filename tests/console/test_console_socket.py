@@ -340,8 +340,8 @@ def test_workers_answer_reaches_the_client_live_through_each_layer(procs, demo_w
 
 
 def test_an_idle_console_on_redis_stays_connected(procs):
-    """channels_redis waits for messages 5 s at a time; redis-py's default read timeout is 5 s
-    too, which used to kill every console that was quiet for that long."""
+    """A console that hears nothing for longer than Redis clients' usual 5 s read timeout keeps
+    its socket and its subscription (the core layer's 5 s waits once killed every quiet one)."""
     import time
 
     procs.base_env["REDIS_URL"] = REDIS_TEST_URL
