@@ -8,7 +8,8 @@ exceptions. Anything else is a bug, logged and answered with a JSON 500.
 import logging
 from functools import wraps
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation
 from django.db import DataError
 from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.urls import re_path
@@ -206,6 +207,17 @@ def _data_error(request, exc):
     # Input the schema let through but PostgreSQL refused (a value out of a column's range).
     logger.warning("database refused API input on %s %s: %s", request.method, request.path, exc)
     return _error(request, 422, "invalid_value", "A value is out of the range this API can store.")
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    return _error(request, 413, "too_large", f"The request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.")
+
+
+@api.exception_handler(SuspiciousOperation)
+def _suspicious(request, exc):
+    logger.warning("suspicious API request %s %s: %s", request.method, request.path, exc)
+    return _error(request, 400, "bad_request", "The request was malformed.")
 
 
 @api.exception_handler(Exception)

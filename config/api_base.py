@@ -62,7 +62,7 @@ COMMON_ERRORS = errors(401, 404, 422)
 # Input types
 # ---------------------------------------------------------------------------
 
-def _storable_text(value: str) -> str:
+def storable_text(value: str) -> str:
     # PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded as UTF-8: both
     # would otherwise surface as a database error after validation.
     if "\x00" in value:
@@ -74,7 +74,7 @@ def _storable_text(value: str) -> str:
     return value
 
 
-StorableText = Annotated[str, AfterValidator(_storable_text)]
+StorableText = Annotated[str, AfterValidator(storable_text)]
 
 
 def _utc(value: datetime) -> datetime:

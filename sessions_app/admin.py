@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.http import HttpResponse
 from django.template import engines
 from django.urls import reverse
@@ -87,8 +88,29 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_revoke_permission(self, request):
         return request.user.has_perm("sessions_app.change_apikey")
 
+    def get_changeform_initial_data(self, request):
+        return {"owner": request.user.pk, **super().get_changeform_initial_data(request)}
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        if obj is not None or request.user.is_superuser:
+            return form
+
+        class OwnKeyForm(form):
+            """A key acts as its owner: with one for someone else, its creator could act as them
+            (decide refunds, say). Only a superuser makes keys for others (service accounts)."""
+
+            def clean_owner(self):
+                owner = self.cleaned_data["owner"]
+                if owner != request.user:
+                    raise ValidationError("You can create API keys only for yourself; ask a superuser for anyone else's.")
+                return owner
+
+        return OwnKeyForm
+
     def save_model(self, request, obj, form, change):
-        api_key, secret = api_key_create(owner=form.cleaned_data["owner"], name=form.cleaned_data["name"])
+        api_key, secret = api_key_create(owner=form.cleaned_data["owner"], name=form.cleaned_data["name"],
+                                         acting_user=request.user)
         for field in ("pk", "prefix", "secret_hash", "created_at"):
             setattr(obj, field, getattr(api_key, field))
         obj._state.adding = False

@@ -18,14 +18,13 @@ from sessions_app.models import InputDisposition, InputMode, MessageRole
 from sessions_app.selectors import (
     VIEW_ANY_SESSION, message_list, message_list_latest, pending_input_list, session_get, session_list,
 )
-from sessions_app.services import message_post, session_create
+from sessions_app.services import MAX_MESSAGE_CHARS, message_post, session_create
 
 router = Router(tags=["sessions"])
 me_router = Router(tags=["me"])
 
 # How much history the session detail embeds; the messages endpoint pages through the rest.
 DETAIL_MESSAGES = 100
-MAX_MESSAGE_CHARS = 20_000
 
 
 class SessionOut(Schema):

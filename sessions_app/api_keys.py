@@ -31,12 +31,20 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def api_key_create(*, owner, name: str) -> tuple[ApiKey, str]:
+def api_key_create(*, owner, name: str, acting_user=None) -> tuple[ApiKey, str]:
     """A new key for `owner`. Returns the row and the secret, which is never stored and so can
-    never be shown again."""
+    never be shown again. Audited when a person creates it (a key acts as its owner)."""
+    from approvals_app.services import audit_record
+
     prefix = secrets.token_hex(PREFIX_LENGTH // 2)
     token = f"{KEY_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
-    api_key = ApiKey.objects.create(owner=owner, name=name.strip()[:100] or "unnamed", prefix=prefix, secret_hash=_hash(token))
+    with transaction.atomic():
+        api_key = ApiKey.objects.create(owner=owner, name=name.strip()[:100] or "unnamed", prefix=prefix,
+                                        secret_hash=_hash(token))
+        if acting_user is not None:
+            audit_record(actor=acting_user, action="create", obj=api_key, before={},
+                         after={"owner": owner.pk, "name": api_key.name, "prefix": prefix},
+                         note=f"API key {api_key.name} of {owner.pk}")
     return api_key, token
 
 

@@ -7,6 +7,9 @@ from django.db import connection, transaction
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput, Session
 
+# The longest message a user may post (API, console page and socket alike).
+MAX_MESSAGE_CHARS = 20_000
+
 
 class SessionError(Exception):
     def __init__(self, code: str, message: str):
@@ -66,6 +69,8 @@ def message_post(
     content = (content or "").strip()
     if not content:
         raise SessionError("empty_message", "A message needs some text.")
+    if len(content) > MAX_MESSAGE_CHARS:
+        raise SessionError("message_too_long", f"A message may hold at most {MAX_MESSAGE_CHARS} characters.")
     if mode not in InputMode.values:
         raise SessionError("invalid_mode", f"Unknown mode {mode!r}; use one of {', '.join(InputMode.values)}.")
     with transaction.atomic():

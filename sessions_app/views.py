@@ -24,11 +24,12 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.static import serve
 
 from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
+from config.api_base import storable_text
 from approvals_app.services import ApprovalError, approval_can_decide, approval_decide
 from runs_app.engine.cancel import RunNotCancellable, applied_effects, run_cancel_request
 from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunEvent, RunStatus, Step, StepKind
 from sessions_app.models import InputMode, Message, MessageRole, PendingInput, Session
-from sessions_app.services import PostResult, SessionError, message_post, session_create
+from sessions_app.services import MAX_MESSAGE_CHARS, PostResult, SessionError, message_post, session_create
 from tools_app.models import ToolCall
 
 LOGIN_URL = reverse_lazy("console:login")
@@ -47,6 +48,23 @@ INTERJECTION_MODES = [
 
 
 # --- who may see and do what ---------------------------------------------------------------
+
+
+def console_text(value, *, field: str, limit: int) -> str:
+    """Text from a console form or the socket, held to what the API accepts for the same field
+    (length, no NUL, valid Unicode): a refusal, not a database error after the fact."""
+    text = str(value or "").strip()
+    if len(text) > limit:
+        raise ConsoleError("bad_request", f"The {field} may hold at most {limit} characters.")
+    try:
+        return storable_text(text)
+    except ValueError as error:
+        raise ConsoleError("bad_request", f"The {field} {error}.") from error
+
+
+# As the API's: a cancel reason and a decision note.
+CANCEL_REASON_CHARS = 300
+DECISION_NOTE_CHARS = 2000
 
 
 class ConsoleError(Exception):
@@ -99,6 +117,7 @@ def console_message_post(*, user, session_id, content: str, mode: str) -> PostRe
     session = console_session_get(user=user, session_id=session_id)
     if session.owner_id != user.pk:
         raise ConsoleError("forbidden", "Only the session's owner can write in it.")
+    content = console_text(content, field="message", limit=MAX_MESSAGE_CHARS)
     try:
         return message_post(session=session, content=content, mode=mode or InputMode.AUTO, acting_user=user)
     except SessionError as error:
@@ -109,6 +128,7 @@ def console_run_cancel(*, user, run_id, reason: str = "") -> Run:
     run = console_run_get(user=user, run_id=run_id)
     if run.session.owner_id != user.pk and not user.has_perm("runs_app.change_run"):
         raise ConsoleError("forbidden", "Only the session's owner or an operator can cancel this run.")
+    reason = console_text(reason, field="reason", limit=CANCEL_REASON_CHARS)
     try:
         return run_cancel_request(run=run, acting_user=user, reason=reason or "cancelled from the console")
     except RunNotCancellable as error:
@@ -123,6 +143,7 @@ def console_approval_decide(*, user, approval_id, decision: str, note: str = "")
     console_session_get(user=user, session_id=approval.run.session_id)  # not_found for strangers
     if decision not in ("approve", "reject"):
         raise ConsoleError("bad_request", "decision must be 'approve' or 'reject'.")
+    note = console_text(note, field="note", limit=DECISION_NOTE_CHARS)
     try:
         return approval_decide(approval=approval, decision=decision, note=note, acting_user=user)
     except ApprovalError as error:
@@ -395,7 +416,12 @@ def console_home(request):
 @require_POST
 @login_required(login_url=LOGIN_URL)
 def console_session_new(request):
-    session = session_create(owner=request.user, title=request.POST.get("title", "").strip() or "New session")
+    try:
+        title = console_text(request.POST.get("title"), field="title", limit=Session._meta.get_field("title").max_length)
+    except ConsoleError as error:
+        _flash_error(request, error)
+        return redirect("console:home")
+    session = session_create(owner=request.user, title=title or "New session")
     return redirect("console:session", session_id=session.pk)
 
 

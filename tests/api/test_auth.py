@@ -148,6 +148,24 @@ def test_create_api_key_command_refuses_unknown_users(db):
         call_command("create_api_key", "nobody", "x", stdout=io.StringIO(), stderr=io.StringIO())
 
 
+def test_staff_may_create_keys_only_for_themselves_and_creation_is_audited(alice):
+    """A key acts as its owner: a key for the admin would let its creator decide refunds as them."""
+    from django.contrib.auth.models import Permission
+
+    operator = UserFactory(username="keymaker", is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["add_apikey", "view_apikey"]))
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(operator)
+    refused = client.post("/admin/sessions_app/apikey/add/", {"owner": root.pk, "name": "as root"})
+    assert refused.status_code == 200 and "only for yourself" in refused.content.decode()
+    assert not ApiKey.objects.filter(owner=root).exists() and not AuditEntry.objects.filter(action="create").exists()
+    client.post("/admin/sessions_app/apikey/add/", {"owner": operator.pk, "name": "mine"})
+    key = ApiKey.objects.get(owner=operator)
+    entry = AuditEntry.objects.get(action="create", object_id=str(key.pk))
+    assert entry.actor == operator and entry.after["owner"] == operator.pk
+
+
 def test_admin_creates_a_key_showing_the_secret_once_and_revokes_it(alice):
     admin_user = UserFactory(username="root", is_staff=True, is_superuser=True)
     client = Client()

@@ -100,6 +100,15 @@ def test_text_postgres_cannot_store_is_refused_before_the_database(alice_api):
     assert Session.objects.count() == before
 
 
+def test_a_body_over_the_upload_limit_is_a_json_413_and_writes_nothing(world, alice_api, settings):
+    before = (Message.objects.count(), Run.objects.count())
+    raw = '{"content": "' + "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 10) + '"}'
+    response = alice_api.client.post(f"/api/v1/sessions/{world.session.pk}/messages", raw,
+                                     content_type="application/json", **alice_api.headers)
+    assert_error(response, 413, "too_large")
+    assert (Message.objects.count(), Run.objects.count()) == before
+
+
 def test_unknown_endpoint_is_a_json_404():
     assert_error(Client().get("/api/v1/no/such/thing"), 404, "not_found")
 

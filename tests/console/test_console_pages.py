@@ -152,6 +152,29 @@ def test_a_cancelled_run_lists_the_side_effects_it_already_applied():
     assert "Cancel run" not in html
 
 
+def test_text_the_database_cannot_hold_or_too_long_is_refused_with_a_message_and_writes_nothing():
+    """The same limits as the API: no NUL, no lone surrogates, no more than the field holds."""
+    from sessions_app.models import Message, Session
+
+    owner = UserFactory()
+    client = client_for(owner)
+    session = session_create(owner=owner, title="limits")
+    run = message_post(session=session, content="hello", acting_user=owner).run
+    before = (Session.objects.count(), Message.objects.count(), PendingInput.objects.count())
+
+    response = client.post("/console/sessions/new/", {"title": "x" * 201}, follow=True)
+    assert "The title may hold at most 200 characters." in response.content.decode()
+    response = client.post(f"/console/sessions/{session.pk}/messages/", {"content": "a\x00b"}, follow=True)
+    assert "The message must not contain NUL characters." in response.content.decode()
+    response = client.post(f"/console/sessions/{session.pk}/messages/", {"content": "x" * 20_001}, follow=True)
+    assert "The message may hold at most 20000 characters." in response.content.decode()
+    response = client.post(f"/console/runs/{run.pk}/cancel/", {"reason": "stop\x00"}, follow=True)
+    assert "The reason must not contain NUL characters." in response.content.decode()
+    assert (Session.objects.count(), Message.objects.count(), PendingInput.objects.count()) == before
+    run.refresh_from_db()
+    assert run.cancel_requested_at is None and run.status == RunStatus.QUEUED
+
+
 def test_cancel_without_javascript_goes_through_the_cancel_protocol():
     owner = UserFactory()
     session = session_create(owner=owner, title="stop")
