@@ -157,13 +157,13 @@ def approval_expire(*, approval: Approval, lease_token: int | None = None) -> bo
     return True
 
 
-def approval_close_for_cancel(*, approval: Approval, cancelled_by, lease_token: int | None = None) -> bool:
-    """The run is being cancelled: its open request is withdrawn — nobody decided it, so it is
-    neither rejected (which would put a decision in the name of whoever cancelled, who may not
-    be allowed to decide it) nor expired — and logged, naming who cancelled when a person did.
-    The caller cancels the tool call and the run itself, so nothing here resumes the run."""
+def approval_withdraw(*, approval: Approval, withdrawn_by, note: str, lease_token: int | None = None) -> bool:
+    """The run is ending (cancelled, failed): its open request is withdrawn — nobody decided it,
+    so it is neither rejected (which would put a decision in the name of whoever cancelled, who
+    may not be allowed to decide it) nor expired — and logged, naming who cancelled when a
+    person did. The caller closes the tool call and the run, so nothing here resumes the run."""
     with transaction.atomic():
-        if not _transition(approval=approval, to=ApprovalStatus.WITHDRAWN, decided_by=cancelled_by, note="run cancelled"):
+        if not _transition(approval=approval, to=ApprovalStatus.WITHDRAWN, decided_by=withdrawn_by, note=note):
             return False
         run_write(run_id=approval.run_id, events=[("approval_withdrawn", approval_event_payload(approval))],
                   lease_token=lease_token, raise_on_miss=True)

@@ -75,7 +75,7 @@ def message_post(
         raise SessionError("invalid_mode", f"Unknown mode {mode!r}; use one of {', '.join(InputMode.values)}.")
     with transaction.atomic():
         # Lock the session: two posts at once must not both see "no active run".
-        Session.objects.select_for_update().filter(pk=session.pk).values_list("pk").get()
+        session_lock(session_id=session.pk)
         active = Run.objects.filter(session_id=session.pk, status__in=ACTIVE_STATUSES).first()
         if active is None:
             run, message = session_start_run(
@@ -109,6 +109,12 @@ def session_start_run(*, session: Session, content: str, acting_user, budgets=No
         session_id=session.pk, messages=[Message(role=MessageRole.USER, content=content, run=run)]
     )
     return run, message
+
+
+def session_lock(*, session_id) -> None:
+    """Serialises what decides whether a session has an active run: posting input, and a run
+    ending (which then starts the next one from pending input). Taken before the run's row."""
+    Session.objects.select_for_update().filter(pk=session_id).values_list("pk").get()
 
 
 def session_start_next_run(*, session_id) -> Run | None:

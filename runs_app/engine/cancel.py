@@ -26,8 +26,18 @@ def applied_effects(*, run_id) -> list[dict]:
     return [
         {"tool_call": str(c.id), "tool": c.tool_name, "arguments": c.arguments, "result": c.result,
          "idempotency_key": c.idempotency_key, "finished_at": c.finished_at.isoformat() if c.finished_at else None}
-        for c in ToolCall.objects.filter(run_id=run_id, effect=ToolEffect.WRITE, status=ToolCallStatus.SUCCEEDED).order_by("finished_at")
+        # A call answered from an earlier identical one (reused_from) did not write again.
+        for c in ToolCall.objects.filter(run_id=run_id, effect=ToolEffect.WRITE, status=ToolCallStatus.SUCCEEDED,
+                                         reused_from__isnull=True).order_by("finished_at")
     ]
+
+
+def writes_in_doubt(*, run_id):
+    """Writes of the run that started and whose outcome is not known: `running` (possibly in a
+    worker that died) or `unknown`. No run ends — cancelled or failed — while there is one
+    (SPEC §9, §10): it is recovered and reconciled first."""
+    return ToolCall.objects.filter(run_id=run_id, effect=ToolEffect.WRITE,
+                                   status__in=[ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN])
 
 
 def run_cancel_request(*, run: Run, acting_user, reason: str = "") -> Run:
@@ -35,8 +45,10 @@ def run_cancel_request(*, run: Run, acting_user, reason: str = "") -> Run:
     (queued, or waiting on anything but reconciliation). A running run is stopped by its
     worker at the next delta or safe point."""
     from approvals_app.services import audit_record
+    from sessions_app.services import session_lock
 
     with transaction.atomic():
+        session_lock(session_id=run.session_id)  # before the run's row, as message_post does
         run = Run.objects.select_for_update().get(pk=run.pk)
         if run.status in TERMINAL_STATUSES:
             raise RunNotCancellable(f"The run is already {run.status}.")
@@ -53,45 +65,32 @@ def run_cancel_request(*, run: Run, acting_user, reason: str = "") -> Run:
             if acting_user is not None:
                 audit_record(actor=acting_user, action="cancel", obj=run, run_id=run.id,
                              before={"status": run.status}, after={"cancel_requested": True}, note=reason)
-        if run.status == RunStatus.QUEUED or (run.status == RunStatus.WAITING and run.wait_reason != WaitReason.RECONCILIATION):
+        at_rest = run.status == RunStatus.QUEUED or (
+            run.status == RunStatus.WAITING and run.wait_reason != WaitReason.RECONCILIATION)
+        if at_rest and not writes_in_doubt(run_id=run.id).exists():
             run_cancel_finalize(run=run, lease_token=None)
+        # Otherwise a worker ends it: at once when it is running, or — a write that a dead
+        # worker left in flight — once that write is reconciled.
     return run
 
 
 def run_cancel_by_worker(*, cp, lease) -> str:
-    """The worker noticed a cancel request at a safe point."""
-    if any(c.status == ToolCallStatus.UNKNOWN for c in cp.open_tool_calls):
-        from runs_app.engine.tool_exec import _wait_for_reconciliation
-
-        unknown = next(c for c in cp.open_tool_calls if c.status == ToolCallStatus.UNKNOWN)
-        _wait_for_reconciliation(run=cp.run, lease=lease, call=unknown)  # raises StopDriving
+    """The worker noticed a cancel request at a safe point (the loop has already recovered and
+    waited out any write in doubt)."""
     run_cancel_finalize(run=cp.run, lease_token=lease.token)
     return "cancelled"
 
 
 def run_cancel_finalize(*, run: Run, lease_token: int | None) -> bool:
     """Close everything that will never start, then store `cancelled` with the applied effects."""
-    from approvals_app.models import Approval, ApprovalStatus
-    from approvals_app.services import approval_close_for_cancel
-    from runs_app.engine.tool_exec import tool_message
-    from sessions_app.services import messages_append, session_start_next_run
-    from tools_app.services import tool_call_transition
+    from sessions_app.services import session_lock, session_start_next_run
 
     with transaction.atomic():
-        for approval in Approval.objects.filter(run_id=run.id, status=ApprovalStatus.PENDING):
-            approval_close_for_cancel(approval=approval, cancelled_by=run.cancel_requested_by, lease_token=lease_token)
-        closed = []
-        for call in ToolCall.objects.filter(run_id=run.id, status__in=[ToolCallStatus.PENDING, ToolCallStatus.RUNNING]):
-            if call.status == ToolCallStatus.RUNNING and call.effect == ToolEffect.WRITE:
-                continue  # cannot happen at a safe point; never pretend a write did not start
-            if tool_call_transition(tool_call=call, to=ToolCallStatus.CANCELLED, lease_token=lease_token,
-                                    error_code="run_cancelled", error_detail="the run was cancelled before this call started"):
-                closed.append(call)
-        if closed:
-            messages_append(session_id=run.session_id, messages=[tool_message(c) for c in closed])
-        Step.objects.filter(run_id=run.id, status=StepStatus.RUNNING).update(
-            status=StepStatus.DISCARDED, discard_reason="run cancelled", finished_at=timezone.now()
-        )
+        # The session first, as message_post takes it: an input posted while the run ends is
+        # then either seen here (and starts the next run) or sees the run ended.
+        session_lock(session_id=run.session_id)
+        run_close_unstarted(run=run, lease_token=lease_token, code="run_cancelled", why="the run was cancelled",
+                            withdrawn_by=run.cancel_requested_by)
         won = run_transition(
             run=run, to=RunStatus.CANCELLED, lease_token=lease_token,
             event_payload={"applied_effects": applied_effects(run_id=run.id), "reason": run.cancel_reason},
@@ -99,3 +98,31 @@ def run_cancel_finalize(*, run: Run, lease_token: int | None) -> bool:
         if won:
             session_start_next_run(session_id=run.session_id)
     return won
+
+
+def run_close_unstarted(*, run: Run, lease_token: int | None, code: str, why: str, withdrawn_by=None) -> None:
+    """A run is ending (cancelled or failed): open approval requests are withdrawn, calls that
+    never started are cancelled (with tool messages, so the history holds no dangling call),
+    running steps discarded. Never a write in doubt: callers end runs only without one."""
+    from approvals_app.models import Approval, ApprovalStatus
+    from approvals_app.services import approval_withdraw
+    from runs_app.engine.tool_exec import tool_message
+    from sessions_app.services import messages_append
+    from tools_app.services import tool_call_transition
+
+    with transaction.atomic():
+        for approval in Approval.objects.filter(run_id=run.id, status=ApprovalStatus.PENDING):
+            approval_withdraw(approval=approval, withdrawn_by=withdrawn_by, note=code.replace("_", " "),
+                              lease_token=lease_token)
+        closed = []
+        for call in ToolCall.objects.filter(run_id=run.id, status__in=[ToolCallStatus.PENDING, ToolCallStatus.RUNNING]):
+            if call.status == ToolCallStatus.RUNNING and call.effect == ToolEffect.WRITE:
+                continue  # a write in doubt: never pretend it did not start
+            if tool_call_transition(tool_call=call, to=ToolCallStatus.CANCELLED, lease_token=lease_token,
+                                    error_code=code, error_detail=f"{why} before this call started"):
+                closed.append(call)
+        if closed:
+            messages_append(session_id=run.session_id, messages=[tool_message(c) for c in closed])
+        Step.objects.filter(run_id=run.id, status=StepStatus.RUNNING).update(
+            status=StepStatus.DISCARDED, discard_reason=code.replace("_", " "), finished_at=timezone.now()
+        )

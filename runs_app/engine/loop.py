@@ -55,10 +55,9 @@ def run_drive(*, run_id: str) -> str:
         logger.exception("run %s: unexpected error", run_id)
         close_old_connections()
         try:
-            driver.fail(Run.objects.get(pk=run_id), RunErrorCode.INTERNAL, f"{type(error).__name__}: {error}")
+            return driver.fail(Run.objects.get(pk=run_id), RunErrorCode.INTERNAL, f"{type(error).__name__}: {error}")
         except LeaseLost:
             return "lease-lost"
-        return "failed"
     finally:
         heartbeat.stop()
 
@@ -81,8 +80,7 @@ class Driver:
             except StopDriving as stop:
                 return stop.outcome
             except RunFailure as failure:
-                self.fail(cp.run, failure.code, failure.detail)
-                return "failed"
+                return self.fail(cp.run, failure.code, failure.detail)
             if outcome:
                 return outcome
             if time.monotonic() >= self.slice_ends:
@@ -90,6 +88,16 @@ class Driver:
 
     def advance(self, cp: Checkpoint) -> str | None:
         run = cp.run
+        # A write in doubt comes before everything, cancel and deadline included: no run ends
+        # while a write may have reached the payment service unrecorded (SPEC §9, §10).
+        interrupted = [c for c in cp.open_tool_calls if c.status == "running" and c.lease_token != self.lease.token]
+        if interrupted:
+            for call in interrupted:
+                tool_exec.recover_interrupted(run=run, lease=self.lease, call=call)
+            return None
+        unknown = next((c for c in cp.open_tool_calls if c.status == "unknown"), None)
+        if unknown is not None:
+            tool_exec.wait_for_reconciliation(run=run, lease=self.lease, call=unknown)  # raises StopDriving
         if run.cancel_requested_at is not None or self.heartbeat.cancel_requested.is_set():
             from runs_app.engine.cancel import run_cancel_by_worker
 
@@ -108,22 +116,39 @@ class Driver:
         return model_step.model_turn(cp=cp, lease=self.lease, heartbeat=self.heartbeat)
 
     def complete(self, run: Run) -> str:
-        from sessions_app.services import session_start_next_run
+        from sessions_app.services import session_lock, session_start_next_run
 
         with transaction.atomic():
+            session_lock(session_id=run.session_id)
             run_transition(run=run, to=RunStatus.COMPLETED, lease_token=self.lease.token)
             session_start_next_run(session_id=run.session_id)
         return "completed"
 
-    def fail(self, run: Run, code: str, detail: str) -> None:
-        from sessions_app.services import session_start_next_run
+    def fail(self, run: Run, code: str, detail: str) -> str:
+        """End the run as failed, closing what never started — unless a write is in doubt (a bug
+        struck mid-write, say): then the write is recovered and the run waits for its
+        reconciliation; the failure, if it recurs, comes after."""
+        from runs_app.engine.cancel import run_close_unstarted, writes_in_doubt
+        from sessions_app.services import session_lock, session_start_next_run
 
         run = Run.objects.get(pk=run.pk)
+        doubt = list(writes_in_doubt(run_id=run.id))
+        if doubt:
+            logger.error("run %s: not failed (%s: %s) while write %s is in doubt; reconciling it first",
+                         run.id, code, detail, doubt[0].id)
+            for call in doubt:
+                if call.status == "running":
+                    tool_exec.recover_interrupted(run=run, lease=self.lease, call=call)
+            tool_exec.wait_for_reconciliation(run=run, lease=self.lease, call=doubt[0], raise_stop=False)
+            return "reconciliation"
         with transaction.atomic():
+            session_lock(session_id=run.session_id)
+            run_close_unstarted(run=run, lease_token=self.lease.token, code="run_failed", why="the run failed")
             run_transition(
                 run=run, to=RunStatus.FAILED, lease_token=self.lease.token, error_code=code, error_detail=detail[:2000]
             )
             session_start_next_run(session_id=run.session_id)
+        return "failed"
 
     def yield_slice(self, run: Run) -> str:
         """Time slice used: hand the run back to the queue so other runs get workers too."""

@@ -14,7 +14,7 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunErrorCode, RunStatus, WaitReason
 from runs_app.services import run_resume, run_transition
-from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 
 logger = logging.getLogger("warden.sweeper")
 BATCH = 100
@@ -98,16 +98,26 @@ def _reconcile(now) -> int:
 
 
 def _fail_past_deadline(now) -> int:
-    """Queued or waiting runs past their deadline fail; a run waiting on reconciliation does not:
-    an unknown write must be resolved first."""
-    from sessions_app.services import session_start_next_run
+    """Queued or waiting runs past their deadline fail, closing what never started (a pending
+    approval is withdrawn). Not while a write is in doubt — waiting on reconciliation, or
+    queued with a write a dead worker left `running`: a worker recovers and reconciles it
+    first, and the deadline fails the run after."""
+    from runs_app.engine.cancel import run_close_unstarted
+    from sessions_app.services import session_lock, session_start_next_run
 
+    in_doubt = ToolCall.objects.filter(run=OuterRef("pk"), effect=ToolEffect.WRITE,
+                                       status__in=[ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN])
     failed = 0
     overdue = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.WAITING], deadline__lt=now).exclude(
         wait_reason=WaitReason.RECONCILIATION
-    )
+    ).exclude(Exists(in_doubt))
     for run in overdue[:BATCH]:
         with transaction.atomic():
+            session_lock(session_id=run.session_id)
+            run = Run.objects.select_for_update().get(pk=run.pk)
+            if run.status not in (RunStatus.QUEUED, RunStatus.WAITING):
+                continue
+            run_close_unstarted(run=run, lease_token=None, code="run_failed", why="the run failed")
             if run_transition(
                 run=run, to=RunStatus.FAILED, error_code=RunErrorCode.DEADLINE,
                 error_detail=f"the run passed its deadline {run.deadline.isoformat()}",

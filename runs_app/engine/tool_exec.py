@@ -107,9 +107,9 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
     run = cp.run
     head = cp.open_tool_calls[0]
     if head.status == ToolCallStatus.RUNNING and head.lease_token != lease.token:
-        return _recover_interrupted(run=run, lease=lease, call=head)
+        return recover_interrupted(run=run, lease=lease, call=head)
     if head.status == ToolCallStatus.UNKNOWN:
-        _wait_for_reconciliation(run=run, lease=lease, call=head)
+        wait_for_reconciliation(run=run, lease=lease, call=head)
     if head.status == ToolCallStatus.PENDING and inputs_at_safe_point(run=run, lease=lease, before="tool"):
         return None
     if head.reused_from_id:
@@ -127,13 +127,13 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
         with transaction.atomic():
             _apply_outcome(outcome)
             run_write(run_id=run.id, events=[("tool_call", tool_call_event_payload(outcome.call))], lease_token=lease.token)
-            _wait_for_reconciliation(run=run, lease=lease, call=outcome.call, raise_stop=False)
+            wait_for_reconciliation(run=run, lease=lease, call=outcome.call, raise_stop=False)
         raise StopDriving("reconciliation")
     _finish(cp=cp, lease=lease, outcomes=[outcome])
     return None
 
 
-def _recover_interrupted(*, run: Run, lease: Lease, call: ToolCall) -> None:
+def recover_interrupted(*, run: Run, lease: Lease, call: ToolCall) -> None:
     """A call a dead (or stalled) worker had started (SPEC §10): a read runs again; a write
     may have reached the downstream system, so it becomes `unknown` — never replayed."""
     to = ToolCallStatus.PENDING if call.effect == ToolEffect.READ else ToolCallStatus.UNKNOWN
@@ -150,7 +150,7 @@ def _recover_interrupted(*, run: Run, lease: Lease, call: ToolCall) -> None:
     return None
 
 
-def _wait_for_reconciliation(*, run: Run, lease: Lease, call: ToolCall, raise_stop: bool = True) -> None:
+def wait_for_reconciliation(*, run: Run, lease: Lease, call: ToolCall, raise_stop: bool = True) -> None:
     with transaction.atomic():
         run_transition(
             run=run,
@@ -203,7 +203,7 @@ def _reuse_outcome(*, cp: Checkpoint, lease: Lease, call: ToolCall) -> None:
     """The model asked again for a write this run already made: reuse its outcome, never call twice."""
     original = ToolCall.objects.get(pk=call.reused_from_id)
     if original.status == ToolCallStatus.UNKNOWN:
-        _wait_for_reconciliation(run=cp.run, lease=lease, call=original)
+        wait_for_reconciliation(run=cp.run, lease=lease, call=original)
     if original.status in (ToolCallStatus.PENDING, ToolCallStatus.RUNNING):
         # Same turn, earlier index: it is processed first, so this only happens if the original
         # is waiting (approval); wait with it.

@@ -4,7 +4,7 @@ import pytest
 
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.engine.cancel import run_cancel_request
-from runs_app.models import Run, RunEvent, RunStatus, Step, StepStatus
+from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepStatus
 from sessions_app.models import MessageRole
 from tests.chaos.helpers import approve_pending, post, seqs_gap_free
 from tests.support.processes import wait_for
@@ -102,3 +102,47 @@ def test_a_waiting_run_cancels_at_once_and_closes_its_approval(procs, demo_world
     assert refund.status == ToolCallStatus.CANCELLED
     answer = Run.objects.get(pk=run.id).messages.get(role=MessageRole.TOOL, tool_call_id=refund.tool_call_id)
     assert "run_cancelled" in answer.content or "approval_rejected" in answer.content
+
+
+@pytest.mark.parametrize("ending", ["cancel", "deadline"])
+def test_a_run_whose_worker_died_mid_refund_ends_only_after_the_refund_is_reconciled(procs, demo_world, desk_operator, ending):
+    """The worker is SIGKILLed after the payment service booked the refund, before it recorded
+    the result; then the run is cancelled, or passes its deadline. Neither may end the run
+    with the write left `running` and its effect unlisted: the next worker recovers the write
+    as `unknown`, it is reconciled (booked: applied), and only then does the run end."""
+    from django.utils import timezone
+
+    from tools_app.demo.selectors import sim_refund_count
+
+    procs.start_web()
+    procs.start_workers("doomed", workers=1, env={"WARDEN_FAULT_POINTS": "after_downstream_call=die"})
+    run = post("Check order 9527 and refund it if it's eligible")
+    wait_for(lambda: Approval.objects.filter(run=run).exists(), message="the approval request")
+    approve_pending(desk_operator)
+    wait_for(lambda: sim_refund_count(order_id="9527") == 1, message="the refund to be booked")
+    wait_for(lambda: Run.objects.filter(pk=run.id, status=RunStatus.RUNNING, lease_expires_at__lt=timezone.now()).exists(),
+             message="the worker to die holding the lease (its heartbeat stops)")
+    procs.stop("doomed")
+    assert ToolCall.objects.get(run=run, tool_name="execute_refund").status == ToolCallStatus.RUNNING
+    if ending == "cancel":
+        run_cancel_request(run=run, acting_user=run.created_by, reason="stop")
+        assert _status(run.id) == RunStatus.RUNNING  # its lease has not expired yet: requested, not done
+    else:
+        Run.objects.filter(pk=run.id).update(deadline=timezone.now())
+    procs.start_workers("survivor", workers=1)
+    procs.start_sweeper()
+    final = RunStatus.CANCELLED if ending == "cancel" else RunStatus.FAILED
+    wait_for(lambda: _status(run.id) == final, timeout=120, message=f"the run to end {final}")
+
+    refund = ToolCall.objects.get(run=run, tool_name="execute_refund")
+    assert (refund.status, refund.resolution) == (ToolCallStatus.SUCCEEDED, "applied")
+    assert sim_refund_count(order_id="9527") == 1
+    refund_seq = {status: _seq(run.id, type="tool_call", payload__tool="execute_refund", payload__status=status)
+                  for status in ("running", "unknown", "succeeded")}
+    assert refund_seq["running"] < refund_seq["unknown"] < refund_seq["succeeded"] < _seq(run.id, type="run_status", payload__status=final)
+    if ending == "cancel":
+        cancelled = RunEvent.objects.get(run=run, type="run_status", payload__status="cancelled")
+        assert [e["tool_call"] for e in cancelled.payload["applied_effects"]] == [str(refund.id)]
+    else:
+        assert Run.objects.get(pk=run.id).error_code == RunErrorCode.DEADLINE
+    assert seqs_gap_free(run.id)

@@ -33,3 +33,45 @@ def test_cancel_withdraws_the_open_approval_and_cancels_the_run(by_person):
     types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
     assert "approval_withdrawn" in types and types.index("approval_withdrawn") < types.index("run_status")
     assert "approval_decided" not in types
+
+
+def test_a_run_failed_at_its_deadline_withdraws_its_approval_and_closes_the_call():
+    """An hour's deadline, a day's approval: the run fails first. Its request must not stay in
+    the operators' queue, where approving it would record a decision that runs nothing."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals_app.services import ApprovalAlreadyDecided, approval_decide
+    from runs_app.engine.sweeper import sweep_once
+    from runs_app.models import Run, RunErrorCode
+    from sessions_app.models import Message, MessageRole
+    from tests.factories import UserFactory
+
+    run, approval = _waiting_for_approval()
+    Run.objects.filter(pk=run.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    sweep_once()
+    run.refresh_from_db(), approval.refresh_from_db(), approval.tool_call.refresh_from_db()
+    assert (run.status, run.error_code) == (RunStatus.FAILED, RunErrorCode.DEADLINE)
+    assert (approval.status, approval.decided_by, approval.note) == (ApprovalStatus.WITHDRAWN, None, "run failed")
+    assert (approval.tool_call.status, approval.tool_call.error_code) == (ToolCallStatus.CANCELLED, "run_failed")
+    # The history answers the call, so the next run's context holds no dangling tool call.
+    assert Message.objects.filter(session=run.session, role=MessageRole.TOOL, tool_call_id=approval.tool_call.tool_call_id).exists()
+    operator = UserFactory(is_staff=True, is_superuser=True)
+    with pytest.raises(ApprovalAlreadyDecided):
+        approval_decide(approval=approval, decision="approve", note="too late", acting_user=operator)
+
+
+def test_applied_effects_list_a_write_once_even_when_the_model_asked_for_it_twice():
+    from django.utils import timezone
+
+    from runs_app.engine.cancel import applied_effects
+
+    run, approval = _waiting_for_approval()
+    first = approval.tool_call
+    first.status, first.result, first.finished_at = ToolCallStatus.SUCCEEDED, {"refund_id": "r1"}, timezone.now()
+    first.save()
+    ToolCallFactory(run=run, step=first.step, index=1, tool_name="execute_refund", effect="write",
+                    status=ToolCallStatus.SUCCEEDED, reused_from=first, result={"refund_id": "r1"},
+                    finished_at=timezone.now())
+    assert [effect["tool_call"] for effect in applied_effects(run_id=run.id)] == [str(first.id)]
