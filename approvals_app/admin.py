@@ -11,7 +11,7 @@ from django.utils.html import format_html, format_html_join
 from approvals_app.admin_display import age, compact_arguments, pretty_json, table, time_to_expiry
 from approvals_app.admin_views import approval_decide_view
 from approvals_app.models import Approval, ApprovalStatus, AuditEntry
-from approvals_app.selectors import approval_conversation, approval_read_results
+from approvals_app.selectors import approval_conversation, approval_read_results, approval_visible
 from approvals_app.services import approval_can_decide
 from config.admin_base import ReadOnlyAdmin
 
@@ -57,7 +57,12 @@ class ApprovalAdmin(ReadOnlyAdmin):
         return approval_decide_view(request, model_admin=self, object_id=object_id, decision="reject")
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by")
+        # The API's scope: an operator who may decide but not view approvals sees the
+        # operator-level ones (and their own), not every customer's confirmations.
+        queryset = super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by")
+        if super().has_view_permission(request):
+            return queryset
+        return queryset.filter(pk__in=approval_visible(user=request.user).values("pk"))
 
     def has_view_permission(self, request, obj=None):
         # Whoever may decide may see the queue they decide from.

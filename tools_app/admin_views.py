@@ -43,9 +43,11 @@ class ResolveForm(forms.Form):
         if not text:
             return None
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=_no_constant)
         except ValueError as error:
             raise forms.ValidationError(f"Not valid JSON: {error}.") from error
+        if _holds_nul(value):
+            raise forms.ValidationError("The result must not contain NUL characters (\\u0000).")
         if not isinstance(value, dict):
             raise forms.ValidationError("The result must be a JSON object, e.g. {\"refund_id\": \"rf_123\"}.")
         return value
@@ -55,6 +57,22 @@ class ResolveForm(forms.Form):
         if cleaned.get("outcome") == Resolution.NOT_APPLIED and cleaned.get("result"):
             self.add_error("result", "A call that was not applied has no result; leave this empty.")
         return cleaned
+
+
+def _holds_nul(value) -> bool:
+    # PostgreSQL text (and so jsonb strings and keys) cannot hold NUL.
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
+def _no_constant(name: str):
+    # NaN and Infinity are not JSON, and PostgreSQL's jsonb refuses them.
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _queue_url() -> str:
@@ -81,11 +99,11 @@ def _is_uuid(value) -> bool:
 
 def tool_call_resolve_view(request, *, model_admin, object_id: str):
     object_id = unquote(object_id)
+    if not model_admin.has_reconcile_permission(request):
+        raise PermissionDenied  # before anything about the call is said
     call = model_admin.get_object(request, object_id)
     if call is None:
         return _resolved_elsewhere(request, object_id)
-    if not model_admin.has_reconcile_permission(request):
-        raise PermissionDenied
     form = ResolveForm(request.POST or None)
     status = 200
     if request.method == "POST" and form.is_valid():
@@ -133,11 +151,11 @@ def tool_call_query_view(request, *, model_admin, object_id: str):
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     object_id = unquote(object_id)
+    if not model_admin.has_reconcile_permission(request):
+        raise PermissionDenied  # before anything about the call is said
     call = model_admin.get_object(request, object_id)
     if call is None:
         return _resolved_elsewhere(request, object_id)
-    if not model_admin.has_reconcile_permission(request):
-        raise PermissionDenied
     outcome = query_downstream(request, call)
     if outcome == "resolved":
         return HttpResponseRedirect(reverse("admin:tools_app_toolcall_change", args=[call.pk]))

@@ -91,11 +91,24 @@ def test_unknown_order_refund_is_404(client):
     assert (response.status_code, response.json()["error"]["code"]) == (404, "order_not_found")
 
 
-@pytest.mark.parametrize("amount", ["0", "-5", "1.234", "abc", None, True, "NaN"])
+@pytest.mark.parametrize("amount", ["0", "-5", "1.234", "abc", None, True, "NaN", "1e30", "1000000000.01"])
 def test_bad_amounts_are_400(client, amount):
     SimOrderFactory(order_id="9527")
     response = post_refund(client, {"order_id": "9527", "amount": amount})
     assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_amount")
+
+
+def test_text_with_nul_is_400_not_a_database_error(client):
+    SimOrderFactory(order_id="9527")
+    refused = [
+        client.get("/sim/orders/95%0027"),
+        client.get("/sim/refunds", {"idempotency_key": "k\x00"}),
+        client.get("/sim/refunds/count", {"order_id": "\x00"}),
+        post_refund(client, {"order_id": "9527\x00", "amount": "1.00"}),
+        post_refund(client, {"order_id": "9527", "amount": "1.00", "reason": "\x00"}),
+    ]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in refused] == [(400, "invalid_request")] * 5
+    assert sim_refund_count(order_id="9527") == 0
 
 
 def test_malformed_body_is_400(client):
@@ -168,7 +181,8 @@ def test_staff_arms_lists_and_clears_faults(client):
 def test_bad_fault_is_400(client):
     client.force_login(UserFactory(username="staffer", is_staff=True))
     for body in ({"target": "moon", "mode": "delay"}, {"target": "refund", "mode": "explode"},
-                 {"target": "refund", "mode": "delay", "count": 0}, {"target": "refund", "mode": "delay", "delay_seconds": "x"}):
+                 {"target": "refund", "mode": "delay", "count": 0}, {"target": "refund", "mode": "delay", "delay_seconds": "x"},
+                 {"target": "refund", "mode": "delay", "count": 10**10}):
         response = client.post("/sim/faults", body, content_type="application/json")
         assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_fault"), body
     assert not SimFault.objects.exists()

@@ -197,3 +197,23 @@ def test_the_decide_permission_alone_opens_the_queue(pending_refund):
     assert any(m.startswith("Approved") for m in messages_of(response))
     pending_refund.approval.refresh_from_db()
     assert pending_refund.approval.decided_by == decider
+
+
+def test_the_decide_permission_alone_shows_operator_requests_not_customers_confirmations(pending_refund):
+    """The API's scope: deciding operator-level requests does not open every customer's own
+    confirmations (nor the conversation shown with them)."""
+    from django.contrib.auth.models import Permission
+
+    from approvals_app.models import ApprovalPolicy
+    from tests.factories import RunFactory, StepFactory, ToolCallFactory, UserFactory
+
+    run = RunFactory(status=RunStatus.WAITING, phase="", wait_reason="approval")
+    call = ToolCallFactory(run=run, step=StepFactory(run=run, kind="tools"), tool_name="execute_refund", effect="write",
+                           idempotency_key="refund:user-level")
+    confirmation = ApprovalFactory(tool_call=call, run=run, policy=ApprovalPolicy.USER)
+    decider = UserFactory(username="decider", is_staff=True)
+    decider.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    client = csrf_client(decider)
+    queue = client.get(QUEUE).content.decode()
+    assert str(pending_refund.approval.pk)[:8] in queue and str(confirmation.pk)[:8] not in queue
+    assert client.get(reverse("admin:approvals_app_approval_change", args=[confirmation.pk])).status_code == 302

@@ -129,8 +129,10 @@ def test_operator_records_a_refund_that_was_not_applied(reconciler, unknown_refu
         ({"outcome": "applied", "evidence": "statement", "result": "{not json"}, "Not valid JSON"),
         ({"outcome": "applied", "evidence": "statement", "result": "[1, 2]"}, "must be a JSON object"),
         ({"outcome": "not_applied", "evidence": "statement", "result": '{"refund_id": "x"}'}, "not applied has no result"),
+        ({"outcome": "applied", "evidence": "statement", "result": '{"amount": NaN}'}, "NaN is not a JSON value"),
+        ({"outcome": "applied", "evidence": "statement", "result": '{"refund_id": "a\\u0000b"}'}, "must not contain NUL"),
     ],
-    ids=["no-evidence", "blank-evidence", "bad-json", "not-an-object", "result-for-not-applied"],
+    ids=["no-evidence", "blank-evidence", "bad-json", "not-an-object", "result-for-not-applied", "nan", "nul"],
 )
 def test_the_outcome_form_requires_evidence_and_a_valid_result(reconciler, unknown_refund, form, error):
     call = unknown_refund.refund

@@ -5,6 +5,7 @@ with a Django session and therefore checks CSRF (answering JSON, not Django's HT
 The service endpoints are async so an injected delay sleeps on the event loop instead of
 holding the one thread daphne runs sync views on."""
 
+import functools
 import json
 from decimal import Decimal, InvalidOperation
 
@@ -27,6 +28,10 @@ from tools_app.demo.selectors import (
 from tools_app.demo.services import CENT, SimError, sim_fault_clear, sim_fault_consume, sim_fault_set, sim_refund_book
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+# The gateway refunds no more than this at once (and Decimal work stays bounded).
+MAX_AMOUNT = Decimal("1000000000.00")
+# A fault is armed for at most this many calls (or -1: until cleared).
+MAX_FAULT_COUNT = 10_000
 
 
 def _error(status: int, code: str, detail: str = "", **extra) -> JsonResponse:
@@ -49,6 +54,18 @@ def _json_body(request: HttpRequest) -> dict:
     return payload
 
 
+def _refuse_nul(view):
+    """Text with NUL cannot be stored or looked up (PostgreSQL text): refuse it up front."""
+    @functools.wraps(view)
+    async def checked(request: HttpRequest, *args, **kwargs):
+        values = [request.path, request.headers.get("Idempotency-Key", ""), *request.GET.values(), *map(str, kwargs.values())]
+        if any("\x00" in value for value in values):
+            return _error(400, "invalid_request", "text must not contain NUL characters")
+        return await view(request, *args, **kwargs)
+
+    return checked
+
+
 def _amount(value) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SimError(400, "invalid_amount", "amount must be a decimal string such as \"25.00\"")
@@ -56,11 +73,12 @@ def _amount(value) -> Decimal:
         amount = Decimal(str(value))
     except InvalidOperation as exc:
         raise SimError(400, "invalid_amount", f"not a decimal: {value!r}") from exc
-    if not amount.is_finite() or amount <= 0 or amount != amount.quantize(CENT):
-        raise SimError(400, "invalid_amount", "amount must be positive with at most 2 decimals")
+    if not amount.is_finite() or amount <= 0 or amount > MAX_AMOUNT or amount != amount.quantize(CENT):
+        raise SimError(400, "invalid_amount", f"amount must be positive, at most {MAX_AMOUNT}, with at most 2 decimals")
     return amount.quantize(CENT)
 
 
+@_refuse_nul
 async def order_detail_view(request: HttpRequest, order_id: str) -> JsonResponse:
     if request.method != "GET":
         return _method_not_allowed(request, ["GET"])
@@ -73,6 +91,7 @@ async def order_detail_view(request: HttpRequest, order_id: str) -> JsonResponse
     return await fault_deliver(request, fault, order, 200)
 
 
+@_refuse_nul
 async def user_level_view(request: HttpRequest, user_id: str) -> JsonResponse:
     if request.method != "GET":
         return _method_not_allowed(request, ["GET"])
@@ -85,6 +104,7 @@ async def user_level_view(request: HttpRequest, user_id: str) -> JsonResponse:
     return await fault_deliver(request, fault, level, 200)
 
 
+@_refuse_nul
 async def weather_view(request: HttpRequest) -> JsonResponse:
     if request.method != "GET":
         return _method_not_allowed(request, ["GET"])
@@ -98,6 +118,7 @@ async def weather_view(request: HttpRequest) -> JsonResponse:
 
 
 @csrf_exempt
+@_refuse_nul
 async def refunds_view(request: HttpRequest) -> JsonResponse:
     if request.method == "POST":
         return await _refund_create(request)
@@ -115,9 +136,9 @@ async def _refund_create(request: HttpRequest):
     try:
         payload = _json_body(request)
         order_id, reason = payload.get("order_id"), payload.get("reason", "")
-        if not isinstance(order_id, str) or not order_id.strip():
-            raise SimError(400, "invalid_request", "order_id must be a non-empty string")
-        if not isinstance(reason, str) or len(reason) > 200:
+        if not isinstance(order_id, str) or not order_id.strip() or len(order_id) > 64 or "\x00" in order_id:
+            raise SimError(400, "invalid_request", "order_id must be a non-empty string of at most 64 characters")
+        if not isinstance(reason, str) or len(reason) > 200 or "\x00" in reason:
             raise SimError(400, "invalid_request", "reason must be a string of at most 200 characters")
         amount = _amount(payload.get("amount"))
     except SimError as exc:
@@ -146,6 +167,7 @@ async def _refund_lookup(request: HttpRequest) -> JsonResponse:
     return JsonResponse(sim_refund_payload(refund))
 
 
+@_refuse_nul
 async def refund_count_view(request: HttpRequest) -> JsonResponse:
     if request.method != "GET":
         return _method_not_allowed(request, ["GET"])
@@ -180,8 +202,8 @@ def faults_view(request: HttpRequest) -> JsonResponse:
             delay_seconds, count = payload.get("delay_seconds", 3.0), payload.get("count", 1)
             if isinstance(delay_seconds, bool) or not isinstance(delay_seconds, (int, float)):
                 raise SimError(400, "invalid_fault", "delay_seconds must be a number")
-            if isinstance(count, bool) or not isinstance(count, int):
-                raise SimError(400, "invalid_fault", "count must be an integer")
+            if isinstance(count, bool) or not isinstance(count, int) or count > MAX_FAULT_COUNT:
+                raise SimError(400, "invalid_fault", f"count must be an integer of at most {MAX_FAULT_COUNT}")
             sim_fault_set(
                 target=str(payload.get("target", "")),
                 mode=str(payload.get("mode", "")),
