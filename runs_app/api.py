@@ -32,6 +32,9 @@ router = Router(tags=["runs"])
 SSE_POLL_SECONDS = 0.25
 SSE_KEEPALIVE_SECONDS = 15.0
 SSE_BATCH = 200
+# An open stream checks this often that its caller may still see the run (a revoked key, a
+# deactivated user, a logout or a lost permission ends it).
+SSE_RECHECK_SECONDS = 10.0
 
 
 # ---------------------------------------------------------------------------
@@ -271,17 +274,56 @@ def _sse_end(status: str) -> str:
     return f'event: end\ndata: {{"status": "{status}"}}\n\n'
 
 
+SSE_ACCESS_REVOKED = 'event: error\ndata: {"code": "access_revoked", "message": "You may no longer see this run."}\n\n'
+
+
+def _still_allowed(request, run_id):
+    """The stream's caller, checked again: the same key (not revoked, owner active) or the same
+    browser session (not logged out, user active), and the run still visible to them."""
+    from django.contrib.auth import get_user_model
+    from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
+
+    header = request.headers.get("Authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else None
+    session_key = None if token else request.session.session_key
+    user_id = request.auth.pk
+
+    def check() -> bool:
+        if token:
+            try:
+                user = api_key_authenticate(token=token)
+            except ApiKeyRevoked:
+                return False
+        else:
+            if session_key is None or not request.session.exists(session_key):
+                return False
+            user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+        return user is not None and run_get(user=user, run_id=run_id) is not None
+
+    return check
+
+
 class _StreamState:
     """What the stream has sent so far; shared by the sync and async generators."""
 
-    def __init__(self, *, run_id, after: int, max_seconds: int):
+    def __init__(self, *, run_id, after: int, max_seconds: int, still_allowed=None):
         self.run_id = run_id
         self.after = after
         self.deadline = time.monotonic() + max_seconds
         self.last_sent = time.monotonic()
+        self.still_allowed = still_allowed
+        self.next_check = time.monotonic() + SSE_RECHECK_SECONDS
+        self.allowed = True
+
+    def recheck_if_due(self) -> None:  # database work: called where _poll runs
+        if self.still_allowed is not None and time.monotonic() >= self.next_check:
+            self.allowed = self.still_allowed()
+            self.next_check = time.monotonic() + SSE_RECHECK_SECONDS
 
     def step(self, events, finished: bool, status: str) -> tuple[list[str], bool]:
         """Frames to send for one poll, and whether the stream ends after them."""
+        if not self.allowed:
+            return [SSE_ACCESS_REVOKED], True
         frames = [_sse_event(event) for event in events]
         if events:
             self.after = events[-1].seq
@@ -297,6 +339,9 @@ class _StreamState:
 
 
 def _poll(state: _StreamState):
+    state.recheck_if_due()
+    if not state.allowed:
+        return [], "", False
     return run_event_poll(run_id=state.run_id, after_seq=state.after, limit=SSE_BATCH)
 
 
@@ -331,7 +376,9 @@ SSE_RESPONSE = {
         "description": (
             "`text/event-stream`: one event per RunEvent (`id:` its seq, `event:` its type, `data:` JSON "
             "{seq, type, payload, created_at}); `: keepalive` comments while quiet; a final `event: end` "
-            "when the run is terminal and everything was sent. Reconnect with `Last-Event-ID`."
+            "when the run is terminal and everything was sent. Reconnect with `Last-Event-ID`. The caller's "
+            "access is checked again every few seconds: a revoked key, a logout or a lost permission ends "
+            "the stream with `event: error` (`{\"code\": \"access_revoked\"}`)."
         ),
         # OpenAPI 3.1 convention for event streams: the schema describes one event.
         "content": {"text/event-stream": {"schema": {
@@ -339,7 +386,7 @@ SSE_RESPONSE = {
             "required": ["event", "data"],
             "properties": {
                 "id": {"type": "string", "pattern": "^[0-9]+$", "description": "the event's seq: send it back as Last-Event-ID"},
-                "event": {"type": "string", "description": "the RunEvent type (run_status, tool_call, approval_requested, …) or `end`"},
+                "event": {"type": "string", "description": "the RunEvent type (run_status, tool_call, approval_requested, …), `end` or `error`"},
                 "data": {"type": "string", "contentMediaType": "application/json",
                          "description": "JSON: {seq, type, payload, created_at}; for `end`: {status}"},
                 "retry": {"type": "integer", "description": "reconnection delay in milliseconds"},
@@ -365,7 +412,8 @@ def runs_events_stream(
     """Streams the run's events as they are committed, catching up from `after` /
     `Last-Event-ID` first. Ends when the run is terminal and all events were sent."""
     run = _visible_run(request, run_id)
-    state = _StreamState(run_id=run.pk, after=last_event_id if last_event_id is not None else after, max_seconds=max_seconds)
+    state = _StreamState(run_id=run.pk, after=last_event_id if last_event_id is not None else after, max_seconds=max_seconds,
+                         still_allowed=_still_allowed(request, run.pk))
     # Under ASGI (daphne) the body must be an async iterator, or Django would buffer the
     # whole stream before sending it; under WSGI and the test client a plain generator.
     content = _sse_async(state) if isinstance(request, ASGIRequest) else _sse_sync(state)

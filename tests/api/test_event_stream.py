@@ -154,3 +154,29 @@ def test_under_asgi_events_are_sent_while_the_run_is_still_live(world, alice, fa
     finally:
         signals.request_started.connect(close_old_connections)
         signals.request_finished.connect(close_old_connections)
+
+
+def test_an_open_stream_ends_when_its_key_is_revoked(world, alice_api, fast_stream, monkeypatch):
+    """Access is checked when the stream opens and again while it is open."""
+    from sessions_app.api_keys import api_key_revoke
+    from sessions_app.models import ApiKey
+
+    monkeypatch.setattr(runs_api, "SSE_RECHECK_SECONDS", 0.02)
+    stream = iter(alice_api.get(f"/runs/{world.approval_run.pk}/events/stream", {"max_seconds": 60}).streaming_content)
+    assert event_ids([next(stream).decode() for _ in range(3)]) == [1, 2]
+    api_key_revoke(api_key=ApiKey.objects.get(owner=world.approval_run.session.owner))
+    rest = [chunk.decode() for chunk in stream if not chunk.startswith(b":")]
+    assert rest == [runs_api.SSE_ACCESS_REVOKED]
+
+
+def test_an_open_stream_ends_when_the_browser_logs_out(world, alice, fast_stream, monkeypatch):
+    from django.test import Client
+
+    monkeypatch.setattr(runs_api, "SSE_RECHECK_SECONDS", 0.02)
+    browser = Client()
+    browser.force_login(alice)
+    stream = iter(browser.get(f"/api/v1/runs/{world.approval_run.pk}/events/stream", {"max_seconds": 60}).streaming_content)
+    assert event_ids([next(stream).decode() for _ in range(3)]) == [1, 2]
+    browser.logout()
+    rest = [chunk.decode() for chunk in stream if not chunk.startswith(b":")]
+    assert rest == [runs_api.SSE_ACCESS_REVOKED]
