@@ -191,6 +191,9 @@ WARDEN_CONTEXT_TOKENS = _env_int("WARDEN_CONTEXT_TOKENS", 8000)
 WARDEN_RECONCILE_GRACE_SECONDS = float(os.environ.get("WARDEN_RECONCILE_GRACE_SECONDS", 30))
 # WARDEN_FOUR_EYES: forbid operators from approving requests raised in their own sessions; default on.
 WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
+# WARDEN_CONSOLE_RECHECK_SECONDS: how often an open console socket checks its user may still
+# see what it watches (logged out, deactivated, permission lost).
+WARDEN_CONSOLE_RECHECK_SECONDS = float(os.environ.get("WARDEN_CONSOLE_RECHECK_SECONDS", 30))
 
 # WARDEN_MODEL_PROVIDER: `scripted` (deterministic, no network; the default) or `openai`.
 WARDEN_MODEL_PROVIDER = os.environ.get("WARDEN_MODEL_PROVIDER", "scripted")

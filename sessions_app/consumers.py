@@ -22,14 +22,19 @@ Server → client:  {"type": "events", "session", "run_id", "events": [{"seq", "
                   {"type": "stream", "run_id", "step", "text"}   text so far of a running step
                   {"type": "subscribed", "session", "runs": {run_id: last_seq}}
                   {"type": "posted" | "cancel_requested" | "decided" | "unsubscribed", ...}
+                  (unsubscribed with "reason": "access_revoked" when the server left a session the
+                  user may no longer see; a logged-out or deactivated user's socket closes, 4401)
                   {"type": "error", "code", "message", "action", "ref"}
 """
 
+import asyncio
 import json
 import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from runs_app.live import session_group
@@ -118,10 +123,51 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         self.text_sent: dict[tuple[str, int], int] = {}
         self.calls_sent: dict[tuple[str, int, int], int] = {}  # per (run, step, call index), likewise
         await self.accept()
+        self.rechecking = asyncio.create_task(self._recheck_access())
 
     async def disconnect(self, code):
+        if getattr(self, "rechecking", None) is not None:
+            self.rechecking.cancel()
         for session_id in getattr(self, "sessions", set()):
             await self.channel_layer.group_discard(session_group(session_id), self.channel_name)
+
+    async def _recheck_access(self) -> None:
+        """Access is checked on connect and on every subscribe, and again now and then while the
+        socket stays open: a logout or a deactivated user closes it, a session the user may no
+        longer see is left (and the client told)."""
+        while True:
+            await asyncio.sleep(settings.WARDEN_CONSOLE_RECHECK_SECONDS)
+            try:
+                user, lost = await database_sync_to_async(self._access_now)(sorted(self.sessions))
+            except Exception:  # noqa: BLE001 - a failed check is tried again, never kills the socket
+                logger.warning("console access re-check failed", exc_info=True)
+                continue
+            if user is None:
+                await self.close(code=4401)
+                return
+            self.user = user
+            for session_id in lost:
+                self.sessions.discard(session_id)
+                await self.channel_layer.group_discard(session_group(session_id), self.channel_name)
+                await self.send_json({"type": "unsubscribed", "session": session_id, "reason": "access_revoked"})
+
+    def _access_now(self, session_ids: list[str]):
+        """(the user, afresh — None when logged out or deactivated; the watched sessions they may
+        no longer see)."""
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None)
+        if key is None or not session.exists(key):
+            return None, []
+        user = get_user_model().objects.filter(pk=self.user.pk, is_active=True).first()
+        if user is None:
+            return None, []
+        lost = []
+        for session_id in session_ids:
+            try:
+                console_session_get(user=user, session_id=session_id)
+            except ConsoleError:
+                lost.append(session_id)
+        return user, lost
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         try:

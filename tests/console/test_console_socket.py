@@ -103,6 +103,31 @@ def test_an_operator_may_watch_any_session_but_not_write_in_it(procs):
         assert console.until(lambda m: m.get("ref") == "p")["code"] == "forbidden"
 
 
+def test_an_open_console_leaves_what_its_user_may_no_longer_see_and_closes_on_logout(procs):
+    """Checked on connect and subscribe, and again while the socket stays open."""
+    from django.contrib.sessions.models import Session as BrowserSession
+    from websockets.exceptions import ConnectionClosed
+
+    procs.base_env["WARDEN_CONSOLE_RECHECK_SECONDS"] = "0.2"
+    procs.start_web()
+    owner = UserFactory()
+    operator = UserFactory(is_staff=True)
+    operator.user_permissions.add(Permission.objects.get(codename="view_run"))
+    session = session_create(owner=owner, title="watched")
+    cookie = session_cookie(operator)
+    with ConsoleSocket(open_socket(procs, cookie=cookie)) as console:
+        assert console.subscribe(session.pk)["type"] == "subscribed"
+        operator.user_permissions.clear()
+        left = console.until(lambda m: m["type"] == "unsubscribed")
+        assert (left["session"], left["reason"]) == (str(session.pk), "access_revoked")
+        run = message_post(session=session, content="not for the operator any more", acting_user=owner).run
+        BrowserSession.objects.filter(session_key=cookie.removeprefix("sessionid=")).delete()  # logged out
+        with pytest.raises(ConnectionClosed) as closed:
+            console.until(lambda m: False)
+    assert closed.value.rcvd.code == 4401
+    assert all(str(run.pk) not in json.dumps(m) for m in console.received)
+
+
 # --- nothing lost, nothing twice ----------------------------------------------------------------------
 
 
