@@ -151,10 +151,30 @@ class Driver:
         return "failed"
 
     def yield_slice(self, run: Run) -> str:
-        """Time slice used: hand the run back to the queue so other runs get workers too."""
+        """Time slice used: hand the run back to the queue so other runs get workers too.
+
+        The commit that finishes a tool round opens the next model step (one commit per step),
+        counting its model call. Yielding right after it, the model was never called: that step
+        is discarded here and its call given back, so the next worker's call is the only one
+        counted (otherwise every such yield would cost a call of the run's budget)."""
+        from django.db.models import F
+
+        from runs_app.models import Step, StepKind, StepStatus
         from runs_app.tasks import run_enqueue
 
         with transaction.atomic():
-            run_transition(run=run, to=RunStatus.QUEUED, lease_token=self.lease.token, event_payload={"reason": "time slice used"})
+            extra = []
+            latest = Step.objects.filter(run_id=run.id).order_by("-index").first()
+            if (latest is not None and latest.kind == StepKind.MODEL and latest.status == StepStatus.RUNNING
+                    and latest.lease_token == self.lease.token and not latest.streamed_text):
+                reason = "time slice used before the model was called"
+                Step.objects.filter(pk=latest.pk).update(status=StepStatus.DISCARDED, discard_reason=reason,
+                                                         finished_at=timezone.now())
+                extra.append(("step_discarded", {"step": latest.index, "reason": reason, "previous_lease_token": latest.lease_token}))
+            if not run_transition(run=run, to=RunStatus.QUEUED, lease_token=self.lease.token,
+                                  event_payload={"reason": "time slice used"}, extra_events=extra):
+                return "yielded"
+            if extra:
+                Run.objects.filter(pk=run.id).update(model_calls=F("model_calls") - 1)
             run_enqueue(run.id)
         return "yielded"

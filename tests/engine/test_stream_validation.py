@@ -182,3 +182,16 @@ def test_the_same_refund_requested_twice_in_one_turn_is_booked_once(sim):
     assert first.status == second.status == ToolCallStatus.SUCCEEDED
     assert first.result == second.result
     assert first.attempts == 1 and second.attempts == 0
+
+
+def test_yielding_the_time_slice_costs_no_model_call(sim):
+    """With a zero time slice the run is handed back after every pass, also right after the
+    commit that finished a tool round and opened the next model step: that step's call was
+    never made and must not count against the budget."""
+    with override_settings(WARDEN_SLICE_SECONDS=0):
+        run = drive(start("please run noop 3"))
+    assert run.status == RunStatus.COMPLETED, run.error_detail
+    model_steps = Step.objects.filter(run=run, kind="model")
+    answered = model_steps.filter(status=StepStatus.COMPLETED).count()
+    assert answered == 4 and run.model_calls == answered
+    assert model_steps.filter(status=StepStatus.DISCARDED, discard_reason="time slice used before the model was called").exists()
