@@ -25,6 +25,7 @@ from runs_app.engine.state import Checkpoint, RunFailure, StopDriving, checkpoin
 from runs_app.models import Run, RunErrorCode, RunStatus
 from runs_app.services import run_transition
 from runs_app.transitions import LeaseLost
+from tools_app.models import ToolCallStatus
 
 logger = logging.getLogger("warden.engine")
 
@@ -90,12 +91,12 @@ class Driver:
         run = cp.run
         # A write in doubt comes before everything, cancel and deadline included: no run ends
         # while a write may have reached the payment service unrecorded (SPEC §9, §10).
-        interrupted = [c for c in cp.open_tool_calls if c.status == "running" and c.lease_token != self.lease.token]
+        interrupted = [c for c in cp.open_tool_calls if c.status == ToolCallStatus.RUNNING and c.lease_token != self.lease.token]
         if interrupted:
             for call in interrupted:
                 tool_exec.recover_interrupted(run=run, lease=self.lease, call=call)
             return None
-        unknown = next((c for c in cp.open_tool_calls if c.status == "unknown"), None)
+        unknown = next((c for c in cp.open_tool_calls if c.status == ToolCallStatus.UNKNOWN), None)
         if unknown is not None:
             tool_exec.wait_for_reconciliation(run=run, lease=self.lease, call=unknown)  # raises StopDriving
         if run.cancel_requested_at is not None or self.heartbeat.cancel_requested.is_set():
@@ -137,7 +138,7 @@ class Driver:
             logger.error("run %s: not failed (%s: %s) while write %s is in doubt; reconciling it first",
                          run.id, code, detail, doubt[0].id)
             for call in doubt:
-                if call.status == "running":
+                if call.status == ToolCallStatus.RUNNING:
                     tool_exec.recover_interrupted(run=run, lease=self.lease, call=call)
             tool_exec.wait_for_reconciliation(run=run, lease=self.lease, call=doubt[0], raise_stop=False)
             return "reconciliation"

@@ -14,7 +14,7 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunErrorCode, RunStatus, WaitReason
 from runs_app.services import run_resume, run_transition
-from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
+from tools_app.models import ToolCall, ToolCallStatus
 
 logger = logging.getLogger("warden.sweeper")
 BATCH = 100
@@ -102,15 +102,13 @@ def _fail_past_deadline(now) -> int:
     approval is withdrawn). Not while a write is in doubt — waiting on reconciliation, or
     queued with a write a dead worker left `running`: a worker recovers and reconciles it
     first, and the deadline fails the run after."""
-    from runs_app.engine.cancel import run_close_unstarted
+    from runs_app.engine.cancel import run_close_unstarted, writes_in_doubt
     from sessions_app.services import session_lock, session_start_next_run
 
-    in_doubt = ToolCall.objects.filter(run=OuterRef("pk"), effect=ToolEffect.WRITE,
-                                       status__in=[ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN])
     failed = 0
     overdue = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.WAITING], deadline__lt=now).exclude(
         wait_reason=WaitReason.RECONCILIATION
-    ).exclude(Exists(in_doubt))
+    ).exclude(Exists(writes_in_doubt(run_id=OuterRef("pk"))))
     for run in overdue[:BATCH]:
         with transaction.atomic():
             session_lock(session_id=run.session_id)

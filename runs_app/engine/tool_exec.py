@@ -105,11 +105,7 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
     from runs_app.engine.interjections import inputs_at_safe_point
 
     run = cp.run
-    head = cp.open_tool_calls[0]
-    if head.status == ToolCallStatus.RUNNING and head.lease_token != lease.token:
-        return recover_interrupted(run=run, lease=lease, call=head)
-    if head.status == ToolCallStatus.UNKNOWN:
-        wait_for_reconciliation(run=run, lease=lease, call=head)
+    head = cp.open_tool_calls[0]  # never a dead worker's `running` call or an `unknown` one: Driver.advance saw to those
     if head.status == ToolCallStatus.PENDING and inputs_at_safe_point(run=run, lease=lease, before="tool"):
         return None
     if head.reused_from_id:
