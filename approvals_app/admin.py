@@ -11,18 +11,16 @@ from django.utils.html import format_html, format_html_join
 from approvals_app.admin_display import age, compact_arguments, pretty_json, table, time_to_expiry
 from approvals_app.admin_views import approval_decide_view
 from approvals_app.models import Approval, ApprovalStatus, AuditEntry
-from approvals_app.selectors import approval_conversation, approval_read_results, approval_visible
-from approvals_app.services import approval_can_decide
-from config.admin_base import ReadOnlyAdmin
-
-DECIDE_PERMISSION = "approvals_app.decide_approval"
+from approvals_app.selectors import approval_conversation, approval_read_results
+from config.admin_base import PolicyScopedAdmin, ReadOnlyAdmin
+from sessions_app import access
 
 # Pending requests first (they are the queue), then oldest first.
 PENDING_FIRST = Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1), output_field=IntegerField())
 
 
 @admin.register(Approval)
-class ApprovalAdmin(ReadOnlyAdmin):
+class ApprovalAdmin(PolicyScopedAdmin):
     list_display = (
         "short_id", "status", "tool", "arguments_summary", "requested_by", "requested_at", "expiry", "decided_by",
         "decided_at",
@@ -56,20 +54,16 @@ class ApprovalAdmin(ReadOnlyAdmin):
     def reject_view(self, request, object_id):
         return approval_decide_view(request, model_admin=self, object_id=object_id, decision="reject")
 
+    def visible(self, user):
+        # The API's scope: an operator who may decide sees the operator-level requests (and
+        # their own), not every customer's confirmations.
+        return access.visible_approvals(user=user)
+
+    def can_see(self, user, obj) -> bool:
+        return access.can_see_approval(user=user, approval=obj)
+
     def get_queryset(self, request):
-        # The API's scope: an operator who may decide but not view approvals sees the
-        # operator-level ones (and their own), not every customer's confirmations.
-        queryset = super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by")
-        if super().has_view_permission(request):
-            return queryset
-        return queryset.filter(pk__in=approval_visible(user=request.user).values("pk"))
-
-    def has_view_permission(self, request, obj=None):
-        # Whoever may decide may see the queue they decide from.
-        return super().has_view_permission(request, obj) or request.user.has_perm(DECIDE_PERMISSION)
-
-    def has_module_permission(self, request):
-        return super().has_module_permission(request) or request.user.has_perm(DECIDE_PERMISSION)
+        return super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by")
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         approval = self.get_object(request, object_id)
@@ -77,7 +71,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
         return super().change_view(request, object_id, form_url, extra_context)
 
     def _decidable(self, request, approval: Approval) -> bool:
-        return approval.status == ApprovalStatus.PENDING and approval_can_decide(user=request.user, approval=approval)
+        return access.can_decide_approval(user=request.user, approval=approval)
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj):

@@ -12,13 +12,9 @@ from django.urls import reverse
 
 from approvals_app.admin_display import compact_arguments, time_to_expiry
 from approvals_app.models import ApprovalStatus
-from approvals_app.services import (
-    ApprovalAlreadyDecided,
-    ApprovalError,
-    ApprovalNotPermitted,
-    approval_can_decide,
-    approval_decide,
-)
+from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalNotPermitted
+from engine.actions.approvals import approval_decide
+from sessions_app import access
 
 DECISIONS = {"approve": "Approve", "reject": "Reject"}
 
@@ -48,9 +44,10 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
     change_url = reverse("admin:approvals_app_approval_change", args=[approval.pk])
     form = DecisionForm(request.POST or None, decision=decision)
     status = 200
-    if not approval_can_decide(user=request.user, approval=approval):
-        # The service refuses too; this answers before anything is attempted.
-        messages.error(request, "You may not decide this approval.")
+    refusal = access.why_not_a_decider(user=request.user, approval=approval)
+    if refusal:
+        # The action refuses too; this answers before anything is attempted.
+        messages.error(request, f"You may not decide this approval: {refusal}")
         status = 403
     elif request.method == "POST" and form.is_valid():
         try:

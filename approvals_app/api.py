@@ -10,8 +10,9 @@ from ninja import Field, Query, Router, Schema
 
 from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from approvals_app.selectors import approval_get, approval_list
-from approvals_app.services import approval_can_decide, approval_decide
 from config.api_base import COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
+from engine.actions.approvals import approval_decide
+from sessions_app import access
 from tools_app.models import ToolCallStatus
 
 router = Router(tags=["approvals"])
@@ -50,7 +51,7 @@ class ApprovalOut(Schema):
     @staticmethod
     def resolve_can_decide(approval, context) -> bool:
         user = context["request"].auth
-        return approval.status == ApprovalStatus.PENDING and approval_can_decide(user=user, approval=approval)
+        return access.can_decide_approval(user=user, approval=approval)
 
 
 class ApprovalPage(Schema):
@@ -100,7 +101,7 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     """Recorded exactly once, whoever clicks first: a late decision gets 409 naming the
     winner. Approval resumes the run; rejection cancels the tool call and tells the model why."""
     approval = _visible_approval(request, approval_id)
-    if not approval_can_decide(user=request.auth, approval=approval):
+    if access.why_not_a_decider(user=request.auth, approval=approval):
         raise ApiError(403, "not_permitted", "You may not decide this approval.")
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # The sweeper has not closed it yet, but its time is up: no decision can count now.

@@ -7,7 +7,9 @@ from datetime import datetime
 from django.db.models import Count
 
 from approvals_app.models import Approval, ApprovalStatus
+from config.pagination import keyset_page
 from runs_app.models import Run, RunStatus, WaitReason
+from sessions_app import access
 from sessions_app.models import Message
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 
@@ -81,51 +83,23 @@ def desk_overview() -> DeskOverview:
 
 
 # ---------------------------------------------------------------------------
-# The HTTP API's reads: approvals scoped to what a user may see and decide.
+# The HTTP API's reads: approvals scoped to what a user may see and decide (sessions_app.access).
 # ---------------------------------------------------------------------------
-from django.conf import settings  # noqa: E402
-from django.db.models import Q, QuerySet  # noqa: E402
-
-from approvals_app.models import ApprovalPolicy  # noqa: E402
-from config.api_base import keyset_page  # noqa: E402
-
-DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
-
-
-def approval_visible(*, user) -> QuerySet[Approval]:
-    """The approvals of a user's own runs; with the decide permission every operator-policy
-    approval; with runs_app.view_run all of them."""
-    if user.has_perm("runs_app.view_run"):
-        return Approval.objects.all()
-    visible = Q(run__session__owner=user)
-    if user.has_perm(DECIDE_OPERATOR_APPROVALS):
-        visible |= Q(policy=ApprovalPolicy.OPERATOR)
-    return Approval.objects.filter(visible)
-
-
-def _decidable(*, user) -> Q:
-    # The query form of approval_can_decide, so a page holds only what the caller may decide.
-    mine = Q(run__session__owner=user)
-    decidable = Q(policy=ApprovalPolicy.USER) & mine
-    if user.has_perm(DECIDE_OPERATOR_APPROVALS):
-        operator = Q(policy=ApprovalPolicy.OPERATOR)
-        decidable |= operator & ~mine if settings.WARDEN_FOUR_EYES else operator
-    return Q(status=ApprovalStatus.PENDING) & decidable
 
 
 def approval_list(
     *, user, statuses: list[str] | None = None, decidable: bool = False, run_id=None, cursor: str | None = None, limit: int
 ) -> tuple[list[Approval], str | None]:
     """Oldest request first (the queue order), keyset-paginated, one query per page."""
-    queryset = approval_visible(user=user).select_related("run__session", "tool_call", "decided_by")
+    queryset = access.visible_approvals(user=user).select_related("run__session", "tool_call", "decided_by")
     if statuses:
         queryset = queryset.filter(status__in=statuses)
     if decidable:
-        queryset = queryset.filter(_decidable(user=user))
+        queryset = queryset.filter(access.decidable_approvals(user=user))
     if run_id:
         queryset = queryset.filter(run_id=run_id)
     return keyset_page(queryset, cursor=cursor, limit=limit, position_field="requested_at", descending=False)
 
 
 def approval_get(*, user, approval_id) -> Approval | None:
-    return approval_visible(user=user).select_related("run__session", "tool_call", "decided_by").filter(pk=approval_id).first()
+    return access.visible_approvals(user=user).select_related("run__session", "tool_call", "decided_by").filter(pk=approval_id).first()

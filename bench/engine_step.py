@@ -74,9 +74,10 @@ def floor_round(conn, steps: int) -> dict:
 def engine_round(runs: int, noops: int, user, monitor) -> dict:
     from django.db import connection
 
-    from runs_app.engine.loop import run_drive
+    from engine.loop import run_drive
     from runs_app.models import Run, RunStatus
-    from sessions_app.services import message_post, session_create
+    from engine.actions.messages import message_post
+    from sessions_app.services import session_create
 
     prepared = []
     for _ in range(runs):

@@ -409,7 +409,8 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from sessions_app.services import message_post, session_create
+    from engine.actions.messages import message_post
+    from sessions_app.services import session_create
 
     if args.layer == "redis":
         import redis

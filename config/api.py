@@ -20,16 +20,17 @@ from ninja.renderers import BaseRenderer
 from pydantic_core import to_json
 
 from approvals_app.api import router as approvals_router
-from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalNotPermitted
+from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalExpired, ApprovalNotPermitted
 from config.api_base import API_AUTH, ApiError
+from config.pagination import InvalidCursor
+from engine.actions.cancel import RunNotCancellable
+from engine.actions.reconciliation import ReconcileError
 from runs_app.api import router as runs_router
-from runs_app.engine.cancel import RunNotCancellable
 from runs_app.transitions import IllegalTransition, LeaseLost
 from sessions_app.api import me_router
 from sessions_app.api import router as sessions_router
 from sessions_app.services import SessionError
 from tools_app.api import router as tools_router
-from tools_app.reconciliation import ReconcileError
 
 logger = logging.getLogger("warden.api")
 
@@ -122,6 +123,12 @@ def _api_error(request, exc: ApiError):
     return _error(request, exc.status, exc.code, exc.message, exc.fields)
 
 
+@api.exception_handler(InvalidCursor)
+def _invalid_cursor(request, exc: InvalidCursor):
+    return _error(request, 422, "invalid_cursor", str(exc),
+                  [{"field": "query.cursor", "message": "invalid cursor", "type": "invalid_cursor"}])
+
+
 def _field_name(error: dict) -> str:
     loc = [str(part) for part in error.get("loc", ())]
     # ninja nests body fields under the parameter name: body.payload.content → body.content
@@ -180,7 +187,7 @@ def _run_not_cancellable(request, exc: RunNotCancellable):
 
 @api.exception_handler(ApprovalError)
 def _approval_error(request, exc: ApprovalError):
-    status = {ApprovalAlreadyDecided: 409, ApprovalNotPermitted: 403}.get(type(exc), 422)
+    status = {ApprovalAlreadyDecided: 409, ApprovalExpired: 409, ApprovalNotPermitted: 403}.get(type(exc), 422)
     return _error(request, status, exc.code, exc.message)
 
 

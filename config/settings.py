@@ -195,6 +195,14 @@ WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
 # see what it watches (logged out, deactivated, permission lost).
 WARDEN_CONSOLE_RECHECK_SECONDS = float(os.environ.get("WARDEN_CONSOLE_RECHECK_SECONDS", 30))
 
+# WARDEN_TOOL_MODULES: comma-separated dotted paths of the modules that register the deployment's
+# tools (imported at start-up); default the demo world's tools.
+WARDEN_TOOL_MODULES = [m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "tools_app.demo.tools").split(",") if m.strip()]
+# Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.
+WARDEN_PROVIDERS = {
+    "scripted": "runs_app.providers.scripted.ScriptedProvider",
+    "openai": "runs_app.providers.openai.OpenAIProvider",
+}
 # WARDEN_MODEL_PROVIDER: `scripted` (deterministic, no network; the default) or `openai`.
 WARDEN_MODEL_PROVIDER = os.environ.get("WARDEN_MODEL_PROVIDER", "scripted")
 # WARDEN_SCRIPTED_DELAY_SECONDS: pause between streamed chunks of the scripted model; default 0.02.

@@ -6,7 +6,7 @@ from config.api import api
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
-    path("console/", include("sessions_app.console_urls")),
+    path("console/", include("sessions_app.console.urls")),
     # The simulated order/payment service of the demo world (tools reach it over real HTTP).
     path("sim/", include("tools_app.demo.urls")),
 ]

@@ -1,20 +1,19 @@
 """Runs with their steps, tool calls, approvals and events; cancelling runs (SPEC §9, §13).
 
-Cancel is `run_cancel_request` (runs_app/engine/cancel.py), the same service the API and the
-console use; it needs `runs_app.change_run`."""
+Cancel is `run_cancel_request` (engine/actions/cancel.py), the same action the API and the
+console use; who may is the access policy's answer (sessions_app.access)."""
 
 from django.contrib import admin
 from django.urls import path
 
 from approvals_app.admin_display import compact_arguments, pretty_json, table
 from approvals_app.models import Approval
-from config.admin_base import ReadOnlyAdmin, ReadOnlyInline
+from config.admin_base import PolicyScopedAdmin, ReadOnlyInline
 from runs_app.admin_views import run_cancel_view, runs_cancel_action
-from runs_app.engine.cancel import applied_effects
 from runs_app.models import ContextSummary, Run, RunEvent, Step
+from sessions_app import access
 from tools_app.models import ToolCall
-
-CANCEL_PERMISSION = "runs_app.change_run"
+from tools_app.selectors import applied_effects
 
 
 class StepInline(ReadOnlyInline):
@@ -44,7 +43,7 @@ class RunEventInline(ReadOnlyInline):
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnlyAdmin):
+class RunAdmin(PolicyScopedAdmin):
     list_display = ("id", "session", "status", "phase", "wait_reason", "model_calls", "tokens_used", "created_at", "finished_at")
     list_select_related = ("session",)
     list_filter = ("status", "phase", "wait_reason", "provider")
@@ -68,8 +67,15 @@ class RunAdmin(ReadOnlyAdmin):
     )
     readonly_fields = ("id", "applied_effects_display", "created_at", "updated_at")
 
+    def visible(self, user):
+        return access.visible_runs(user=user)
+
+    def can_see(self, user, obj) -> bool:
+        return access.can_see_run(user=user, run=obj)
+
     def has_cancel_permission(self, request) -> bool:
-        return request.user.has_perm(CANCEL_PERMISSION)
+        # The bulk action; a run's own page asks can_cancel_run (its owner may cancel it too).
+        return access.cancels_any_run(request.user)
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
@@ -83,7 +89,7 @@ class RunAdmin(ReadOnlyAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         run = self.get_object(request, object_id)
-        can_cancel = run is not None and not run.is_terminal and self.has_cancel_permission(request)
+        can_cancel = run is not None and access.can_cancel_run(user=request.user, run=run)
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), "can_cancel": can_cancel})
 
     @admin.action(description="Cancel selected runs…", permissions=["cancel"])
@@ -102,8 +108,18 @@ class RunAdmin(ReadOnlyAdmin):
         )
 
 
+class _PartOfRunAdmin(PolicyScopedAdmin):
+    """Steps and events are seen with their run."""
+
+    def visible(self, user):
+        runs = access.visible_runs(user=user)
+        if not runs.query.has_filters():
+            return self.model.objects.all()
+        return self.model.objects.filter(run__in=runs)
+
+
 @admin.register(Step)
-class StepAdmin(ReadOnlyAdmin):
+class StepAdmin(_PartOfRunAdmin):
     list_display = ("id", "run", "index", "kind", "status", "started_at", "finished_at")
     list_select_related = ("run",)
     list_filter = ("kind", "status")
@@ -111,7 +127,7 @@ class StepAdmin(ReadOnlyAdmin):
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(ReadOnlyAdmin):
+class RunEventAdmin(_PartOfRunAdmin):
     list_display = ("id", "run", "seq", "type", "created_at")
     list_select_related = ("run",)
     list_filter = ("type",)
@@ -119,7 +135,12 @@ class RunEventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ContextSummary)
-class ContextSummaryAdmin(ReadOnlyAdmin):
+class ContextSummaryAdmin(PolicyScopedAdmin):
     list_display = ("id", "session", "covers_through_seq", "created_at")
     list_select_related = ("session",)
 
+    def visible(self, user):
+        sessions = access.visible_sessions(user=user)
+        if not sessions.query.has_filters():
+            return ContextSummary.objects.all()
+        return ContextSummary.objects.filter(session__in=sessions)

@@ -10,8 +10,9 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from runs_app.engine.cancel import RunNotCancellable, run_cancel_request
+from engine.actions.cancel import RunNotCancellable, run_cancel_request
 from runs_app.models import Run, RunStatus, WaitReason
+from sessions_app import access
 
 
 class CancelForm(forms.Form):
@@ -33,6 +34,9 @@ def cancel_outcome(run: Run) -> str:
 def runs_cancel(request, *, runs, reason: str) -> None:
     """Request a cancel of each run and tell the operator what became of it."""
     for run in runs:
+        if not access.can_cancel_run(user=request.user, run=run, even_if_ended=True):
+            messages.error(request, f"Run {run.pk}: you may not cancel it.")
+            continue
         try:
             run = run_cancel_request(run=run, acting_user=request.user, reason=reason)
         except RunNotCancellable as error:
@@ -61,7 +65,7 @@ def run_cancel_view(request, *, model_admin, object_id: str):
     run = model_admin.get_object(request, unquote(object_id))
     if run is None:
         return model_admin._get_obj_does_not_exist_redirect(request, model_admin.model._meta, object_id)
-    if not model_admin.has_cancel_permission(request):
+    if not access.can_cancel_run(user=request.user, run=run, even_if_ended=True):
         raise PermissionDenied
     change_url = reverse("admin:runs_app_run_change", args=[run.pk])
     if run.is_terminal:

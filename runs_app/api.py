@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Annotated, Any
 
 from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
@@ -20,9 +21,11 @@ from approvals_app.api import ApprovalOut
 from config.api_base import (
     COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
 )
-from runs_app.engine.cancel import run_cancel_request
+from engine.actions.cancel import run_cancel_request
 from runs_app.models import RunPhase, RunStatus, WaitReason
-from runs_app.selectors import run_can_cancel, run_detail, run_event_list, run_event_poll, run_get, run_list
+from runs_app.selectors import run_detail, run_event_list, run_event_poll, run_get, run_list
+from sessions_app import access
+from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 from tools_app.api import ToolCallOut
 
 router = Router(tags=["runs"])
@@ -181,7 +184,7 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
                    "requested_by": run.cancel_requested_by.get_username() if run.cancel_requested_by_id else None}
         if run.cancel_requested_at else None,
         "error": {"code": run.error_code, "detail": run.error_detail} if run.error_code else None,
-        "can_cancel": not run.is_terminal and run_can_cancel(user=user, run=run),
+        "can_cancel": access.can_cancel_run(user=user, run=run),
         "steps": detail.steps,
         "tool_calls": detail.tool_calls,
         "approvals": detail.approvals,
@@ -253,7 +256,7 @@ def runs_cancel(request, run_id: uuid.UUID, payload: CancelIn | None = None):
     """Records the request (who, why). The run becomes `cancelled` once nothing is in flight;
     a write with an unknown outcome is reconciled first. 409 if the run already ended."""
     run = _visible_run(request, run_id)
-    if not run_can_cancel(user=request.auth, run=run):
+    if not access.can_cancel_run(user=request.auth, run=run, even_if_ended=True):
         raise ApiError(403, "not_permitted", "You may not cancel this run.")
     run = run_cancel_request(run=run, acting_user=request.auth, reason=payload.reason if payload else "")
     run.refresh_from_db()
@@ -280,9 +283,6 @@ SSE_ACCESS_REVOKED = 'event: error\ndata: {"code": "access_revoked", "message": 
 def _still_allowed(request, run_id):
     """The stream's caller, checked again: the same key (not revoked, owner active) or the same
     browser session (not logged out, user active), and the run still visible to them."""
-    from django.contrib.auth import get_user_model
-    from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
-
     header = request.headers.get("Authorization", "")
     token = header[7:].strip() if header[:7].lower() == "bearer " else None
     session_key = None if token else request.session.session_key

@@ -15,6 +15,8 @@ from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from runs_app.events import LiveDeltaKind
+
 logger = logging.getLogger("warden.live")
 
 # A publish that takes longer than this is given up (and logged); the run goes on.
@@ -205,12 +207,12 @@ class StepDeltas:
                 sent = self._calls_sent.get(index, -1)  # -1: not even announced yet
                 if len(arguments) > sent:
                     offset = max(sent, 0)
-                    deltas.append({"kind": "tool_call_delta", "step": self.step, "index": index, "id": call_id,
+                    deltas.append({"kind": LiveDeltaKind.TOOL_CALL_DELTA.value, "step": self.step, "index": index, "id": call_id,
                                    "name": name, "offset": offset, "arguments": arguments[offset:]})
                     self._calls_sent[index] = len(arguments)
             text = self._text
             if len(text) > self._sent or (last and self._keyframe_owed):
-                delta = {"kind": "text_delta", "step": self.step, "offset": self._sent, "text": text[self._sent:]}
+                delta = {"kind": LiveDeltaKind.TEXT_DELTA.value, "step": self.step, "offset": self._sent, "text": text[self._sent:]}
                 keyframe = last or len(text) <= SO_FAR_ALWAYS or now - self._last_keyframe >= KEYFRAME_SECONDS
                 if keyframe and len(text) <= SO_FAR_LIMIT:
                     delta["so_far"] = text

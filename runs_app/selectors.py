@@ -4,19 +4,12 @@ needs to judge a run, and its event log — scoped to what a user may see."""
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import IntegerField, QuerySet
-from django.db.models.expressions import RawSQL
-from django.db.models.lookups import Exact
-
 from approvals_app.models import Approval
-from config.api_base import keyset_page
-from runs_app.engine.cancel import applied_effects
+from config.pagination import keyset_page
 from runs_app.models import RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step
+from sessions_app import access
 from tools_app.models import ToolCall
-
-# Operators read any run with view_run; change_run (cancel any run) implies reading it too.
-VIEW_ANY_RUN = "runs_app.view_run"
-CANCEL_ANY_RUN = "runs_app.change_run"
+from tools_app.selectors import applied_effects
 
 # The list shows the run's state, not its checkpoint: narrower rows, faster pages.
 RUN_LIST_FIELDS = (
@@ -24,26 +17,6 @@ RUN_LIST_FIELDS = (
     "error_code", "created_at", "finished_at",
 )
 RECENT_EVENTS = 50
-
-
-def _sees_all_runs(user) -> bool:
-    return user.has_perm(VIEW_ANY_RUN) or user.has_perm(CANCEL_ANY_RUN)
-
-
-def _session_owner() -> RawSQL:
-    # The session's owner copied onto the run by a trigger (migration 0006): owner-scoped
-    # pages become range scans of run_owner_recent instead of a walk over every run.
-    return RawSQL('"runs_app_run"."session_owner_id"', [], output_field=IntegerField())
-
-
-def run_visible(*, user) -> QuerySet[Run]:
-    if _sees_all_runs(user):
-        return Run.objects.all()
-    return Run.objects.filter(Exact(_session_owner(), user.pk))
-
-
-def run_can_cancel(*, user, run: Run) -> bool:
-    return run.session.owner_id == user.pk or user.has_perm(CANCEL_ANY_RUN)
 
 
 def _implied_statuses(*, phase: str | None, wait_reason: str | None) -> set[str] | None:
@@ -72,7 +45,7 @@ def run_list(
 ) -> tuple[list[dict], str | None]:
     """Newest first with keyset pagination on (created_at, id); one query per page. Rows are
     dicts: at a page of 200 building model instances costs more than the query."""
-    queryset = run_visible(user=user).values(*RUN_LIST_FIELDS)
+    queryset = access.visible_runs(user=user).values(*RUN_LIST_FIELDS)
     wanted = set(statuses) if statuses else None
     implied = _implied_statuses(phase=phase, wait_reason=wait_reason)
     if implied is not None:
@@ -92,15 +65,15 @@ def run_list(
     if created_before:
         queryset = queryset.filter(created_at__lt=created_before)
     order_prefix = []
-    if not _sees_all_runs(user):
-        order_prefix.append(_session_owner())
+    if not access.reads_any_run(user):
+        order_prefix.append(access.run_session_owner())
     if wanted is not None and len(wanted) == 1:
         order_prefix.append("status")
     return keyset_page(queryset, cursor=cursor, limit=limit, position_field="created_at", order_prefix=tuple(order_prefix))
 
 
 def run_get(*, user, run_id) -> Run | None:
-    return run_visible(user=user).select_related("session", "created_by", "cancel_requested_by").filter(pk=run_id).first()
+    return access.visible_runs(user=user).select_related("session", "created_by", "cancel_requested_by").filter(pk=run_id).first()
 
 
 @dataclass(frozen=True)

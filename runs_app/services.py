@@ -1,4 +1,7 @@
-"""Every write about a run goes through here (STYLE.md: one write path per change)."""
+"""Single-app writes about runs and their steps. `run_write` is the one conditional UPDATE of a
+run row (the lease fence); `run_transition` and `step_transition` are the one write path of a
+run's and a step's status (STYLE.md: one write path per status). Changes that span apps
+(ending a run, resuming one, cancelling) are the orchestration layer's (engine/actions/)."""
 
 from dataclasses import dataclass
 from datetime import timedelta
@@ -6,11 +9,20 @@ from typing import Any, Iterable
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
+from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
-from runs_app.models import RUNNING_PHASES, TERMINAL_STATUSES, Run, RunEvent, RunPhase, RunStatus, WaitReason
-from runs_app.transitions import RUN_TRANSITIONS, IllegalTransition, LeaseLost, check_transition
+from runs_app.models import RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step, StepStatus, WaitReason
+from runs_app.transitions import RUN_TRANSITIONS, STEP_TRANSITIONS, LeaseLost, check_transition
+
+
+def require_transaction(what: str) -> None:
+    """Writes that only make sense as part of a larger commit refuse to run outside one."""
+    if not connection.in_atomic_block:
+        raise RuntimeError(f"{what} must run inside the caller's transaction")
+
 
 # Columns a transition resets so the row always has the shape its status requires.
 _WAIT_CONTEXT_CLEARED = {"wait_type": "", "request_id": "", "expires_at": None, "resume_target": ""}
@@ -59,9 +71,9 @@ def run_write(
     version, allocates gap-free event seqs and appends `events` — all in the caller's
     transaction. Returns None (or raises LeaseLost) when the condition no longer holds; then
     nothing was written. The row lock it takes is what fences out concurrent writers."""
-    assert connection.in_atomic_block, "run_write must run inside the caller's transaction"
+    require_transaction("run_write")
     changes = dict(changes or {})
-    events = list(events)
+    events = [(RunEventType(kind), payload) for kind, payload in events]  # ValueError for a type not in the contract
     assignments = [f'"{column}" = %s' for column in changes]
     params: list[Any] = list(changes.values())
     if new_lease_token:
@@ -105,7 +117,7 @@ def run_write(
     if events:
         first_seq = written.event_seq - len(events) + 1
         records = [
-            RunEvent(run_id=run_id, seq=first_seq + i, type=kind, payload=payload)
+            RunEvent(run_id=run_id, seq=first_seq + i, type=kind.value, payload=payload)
             for i, (kind, payload) in enumerate(events)
         ]
         RunEvent.objects.bulk_create(records)
@@ -147,12 +159,15 @@ def run_transition(
     lease_token: int | None = None,
     event_payload: dict | None = None,
     extra_events: Iterable[tuple[str, dict]] = (),
+    events_before: Iterable[tuple[str, dict]] = (),
     new_lease_token: bool = False,
     **changes: Any,
 ) -> bool:
     """Move `run` to status `to` if it is still in the status we read it in (and, for a
     worker, still under our lease). Raises IllegalTransition for a move the table forbids;
-    returns False if someone else changed the run first. Writes the status event with it."""
+    returns False if someone else changed the run first. Writes the status event with it, after
+    `events_before` (what led to the change, e.g. the step that gave the final answer) and
+    before `extra_events`."""
     check_transition(RUN_TRANSITIONS, "run", run.status, to)
     values = {"status": to, **_shape_for(to, phase, wait_reason), **changes}
     payload = {"status": to, "phase": values["phase"], "wait_reason": values["wait_reason"], **(event_payload or {})}
@@ -162,7 +177,7 @@ def run_transition(
         written = run_write(
             run_id=run.id,
             changes=values,
-            events=[("run_status", payload), *extra_events],
+            events=[*events_before, (RunEventType.RUN_STATUS, payload), *extra_events],
             expect_statuses=[run.status],
             lease_token=lease_token,
             new_lease_token=new_lease_token,
@@ -193,32 +208,45 @@ def run_create(
         max_tokens=budgets.get("max_tokens", settings.WARDEN_MAX_TOKENS),
         deadline=budgets.get("deadline") or now + timedelta(seconds=settings.WARDEN_RUN_DEADLINE_SECONDS),
     )
-    run_write(run_id=run.id, events=[("run_status", {"status": RunStatus.QUEUED, "phase": RunPhase.WAITING_WORKER, "wait_reason": ""})])
+    run_write(run_id=run.id, events=[(RunEventType.RUN_STATUS, {"status": RunStatus.QUEUED, "phase": RunPhase.WAITING_WORKER, "wait_reason": ""})])
     run.refresh_from_db(fields=["event_seq", "snapshot_version"])
     return run
 
 
-__all__ = [
-    "IllegalTransition",
-    "LeaseLost",
-    "RunWrite",
-    "TERMINAL_STATUSES",
-    "run_create",
-    "run_event_append",
-    "run_transition",
-    "run_write",
-]
+def step_create(*, run_id, index: int, kind: str, lease_token: int) -> Step:
+    """A new step, `running` from the start (its model call or tool batch has begun). The
+    caller's transaction also carries the run write that counts it (step_count)."""
+    require_transaction("step_create")
+    return Step.objects.create(run_id=run_id, index=index, kind=kind, status=StepStatus.RUNNING, lease_token=lease_token)
 
 
-def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | None = None) -> bool:
-    """Wake a suspended run (approval decided, reconciliation done, backoff over): it goes back
-    to the queue — the same run, never a new one — and a worker is asked for after commit."""
-    from runs_app.tasks import run_enqueue
-
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
-        if run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
-            return False
-        run_transition(run=run, to=RunStatus.QUEUED, event_payload={"resumed_from": run.wait_reason, **(event_payload or {})})
-        run_enqueue(run.id)
+def step_transition(*, step: Step, to: str, lease_token: int | None = None, **changes: Any) -> bool:
+    """Move `step` from the status we read to `to`: one conditional UPDATE, fenced (with
+    `lease_token`) by the run's lease. False when someone else moved the step first;
+    IllegalTransition for a move STEP_TRANSITIONS forbids; LeaseLost when the lease is gone.
+    The caller's transaction carries the event (and its run_write re-checks the fence under
+    the run row's lock, so a revocation committed meanwhile rolls everything back)."""
+    require_transaction("step_transition")
+    check_transition(STEP_TRANSITIONS, "step", step.status, to)
+    values: dict[str, Any] = {"status": to, **changes}
+    if to != StepStatus.RUNNING:
+        values.setdefault("finished_at", timezone.now())
+    if not lease_fenced_update(Step.objects.filter(pk=step.pk, status=step.status), run_id=step.run_id,
+                               lease_token=lease_token, values=values):
+        return False
+    for field, value in values.items():
+        setattr(step, field, value)
     return True
+
+
+def lease_fenced_update(rows: QuerySet, *, run_id, lease_token: int | None, values: dict[str, Any]) -> bool:
+    """UPDATE `rows` — one row of a run's (a step, a tool call), filtered by the status it was read
+    in — only while `lease_token`, when given, is still the run's. False when the row had moved
+    on; LeaseLost when the lease is gone (then nothing was written)."""
+    if lease_token is not None:
+        rows = rows.filter(Exists(Run.objects.filter(pk=OuterRef("run_id"), lease_token=lease_token)))
+    if rows.update(**values):
+        return True
+    if lease_token is not None and not Run.objects.filter(pk=run_id, lease_token=lease_token).exists():
+        raise LeaseLost(f"run {run_id}: lease token {lease_token} no longer current")
+    return False

@@ -1,24 +1,7 @@
-"""django-q2 task entry points. The queue only delivers: every task is a harmless no-op when
-its run is not claimable, because the run's lease — not the queue — decides who works."""
+"""The task paths of earlier releases, kept so that queued django-q2 rows written before the
+engine moved to `engine/` still run. An entry point like a management command (an interface):
+new tasks are enqueued as `engine.tasks.*` (engine/queue.py)."""
 
-from django.db import transaction
-from django_q.tasks import async_task
+from engine.tasks import advance_run, sweep
 
-
-def advance_run(run_id: str) -> str:
-    from runs_app.engine.loop import run_drive
-
-    return run_drive(run_id=run_id)
-
-
-def sweep() -> dict:
-    from runs_app.engine.sweeper import sweep_once
-
-    return sweep_once()
-
-
-def run_enqueue(run_id) -> None:
-    """Ask a worker to drive the run, after the current transaction commits (a worker must
-    never look for a run that is not committed yet)."""
-    run_id = str(run_id)
-    transaction.on_commit(lambda: async_task("runs_app.tasks.advance_run", run_id, task_name=f"run-{run_id}"[:100]))
+__all__ = ["advance_run", "sweep"]

@@ -1,7 +1,7 @@
-"""Allowed run transitions, as data (SPEC §2). The database's check constraints back this
-table up; terminal statuses have no way out."""
+"""Allowed run and step transitions, as data (SPEC §2). The database's check constraints back
+these tables up; terminal statuses have no way out."""
 
-from runs_app.models import RunStatus
+from runs_app.models import RunStatus, StepStatus
 
 
 class IllegalTransition(Exception):
@@ -29,6 +29,16 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     S.COMPLETED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),
+}
+
+
+St = StepStatus
+# A step is created `running` (the model call or tool batch it records has begun) and ends once.
+STEP_TRANSITIONS: dict[str, frozenset[str]] = {
+    St.RUNNING: frozenset({St.COMPLETED, St.DISCARDED, St.FAILED}),
+    St.COMPLETED: frozenset(),
+    St.DISCARDED: frozenset(),
+    St.FAILED: frozenset(),
 }
 
 

@@ -4,7 +4,8 @@ from django.http import HttpResponse
 from django.template import engines
 from django.urls import reverse
 
-from config.admin_base import ReadOnlyAdmin, ReadOnlyInline
+from config.admin_base import PolicyScopedAdmin, ReadOnlyInline
+from sessions_app import access
 from sessions_app.api_keys import api_key_create, api_key_revoke
 from sessions_app.models import ApiKey, Message, PendingInput, Session
 
@@ -22,17 +23,33 @@ class PendingInputInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class _PartOfSessionAdmin(PolicyScopedAdmin):
+    """Messages and pending input are seen with their session."""
+
+    def visible(self, user):
+        sessions = access.visible_sessions(user=user)
+        if not sessions.query.has_filters():
+            return self.model.objects.all()
+        return self.model.objects.filter(session__in=sessions)
+
+
 @admin.register(Session)
-class SessionAdmin(ReadOnlyAdmin):
+class SessionAdmin(PolicyScopedAdmin):
     list_display = ("id", "title", "owner", "created_at", "updated_at")
     list_select_related = ("owner",)
     search_fields = ("=id", "title", "owner__username")
     date_hierarchy = "created_at"
     inlines = [MessageInline, PendingInputInline]
 
+    def visible(self, user):
+        return access.visible_sessions(user=user)
+
+    def can_see(self, user, obj) -> bool:
+        return access.can_see_session(user=user, session=obj)
+
 
 @admin.register(Message)
-class MessageAdmin(ReadOnlyAdmin):
+class MessageAdmin(_PartOfSessionAdmin):
     list_display = ("id", "session", "seq", "role", "short_content", "run", "created_at")
     list_select_related = ("session", "run")
     list_filter = ("role",)
@@ -44,7 +61,7 @@ class MessageAdmin(ReadOnlyAdmin):
 
 
 @admin.register(PendingInput)
-class PendingInputAdmin(ReadOnlyAdmin):
+class PendingInputAdmin(_PartOfSessionAdmin):
     list_display = ("id", "session", "mode", "resolved_mode", "disposition", "received_at", "consumed_at")
     list_select_related = ("session",)
     list_filter = ("mode", "disposition")

@@ -12,13 +12,12 @@ from ninja import Field, Query, Router, Schema, Status
 from config.api_base import (
     COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found,
 )
+from engine.actions.messages import message_post
 from runs_app.api import RunOut
-from runs_app.selectors import CANCEL_ANY_RUN, VIEW_ANY_RUN
+from sessions_app import access
 from sessions_app.models import InputDisposition, InputMode, MessageRole
-from sessions_app.selectors import (
-    VIEW_ANY_SESSION, message_list, message_list_latest, pending_input_list, session_get, session_list,
-)
-from sessions_app.services import MAX_MESSAGE_CHARS, message_post, session_create
+from sessions_app.selectors import message_list, message_list_latest, pending_input_list, session_get, session_list
+from sessions_app.services import MAX_MESSAGE_CHARS, session_create
 
 router = Router(tags=["sessions"])
 me_router = Router(tags=["me"])
@@ -166,13 +165,7 @@ def me(request):
     user = request.auth
     return {
         "username": user.get_username(),
-        "permissions": {
-            "view_any_run": user.has_perm(VIEW_ANY_RUN),
-            "cancel_any_run": user.has_perm(CANCEL_ANY_RUN),
-            "view_any_session": user.has_perm(VIEW_ANY_SESSION),
-            "decide_operator_approvals": user.has_perm("approvals_app.decide_approval"),
-            "reconcile_tool_calls": user.has_perm("tools_app.reconcile_toolcall"),
-        },
+        "permissions": access.operator_powers(user),
     }
 
 
@@ -222,7 +215,7 @@ def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
     active the input is stored and the run reads it at its next safe point (202): never lost,
     never a second concurrent run."""
     session = _visible_session(request, session_id)
-    if session.owner_id != request.auth.pk:
+    if not access.can_post_in_session(user=request.auth, session=session):
         raise ApiError(403, "not_permitted", "Only the session's owner may post in it.")
     budgets = None
     if payload.budgets is not None:

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
 
+from approvals_app.services import audit_record
 from sessions_app.models import ApiKey
 
 KEY_SCHEME = "wdn"
@@ -34,8 +35,6 @@ def _hash(token: str) -> str:
 def api_key_create(*, owner, name: str, acting_user=None) -> tuple[ApiKey, str]:
     """A new key for `owner`. Returns the row and the secret, which is never stored and so can
     never be shown again. Audited when a person creates it (a key acts as its owner)."""
-    from approvals_app.services import audit_record
-
     prefix = secrets.token_hex(PREFIX_LENGTH // 2)
     token = f"{KEY_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
     with transaction.atomic():
@@ -50,8 +49,6 @@ def api_key_create(*, owner, name: str, acting_user=None) -> tuple[ApiKey, str]:
 
 def api_key_revoke(*, api_key: ApiKey, acting_user=None) -> bool:
     """Revoke for good; False if it already was. Revocation is audited when a person does it."""
-    from approvals_app.services import audit_record
-
     now = timezone.now()
     with transaction.atomic():
         if not ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=now):

@@ -2,18 +2,10 @@
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
-from config.api_base import keyset_page
+from config.pagination import keyset_page
 from runs_app.models import ACTIVE_STATUSES, Run
+from sessions_app import access
 from sessions_app.models import Message, PendingInput, Session
-
-# Operators read any session (history included) with this permission; everyone else their own.
-VIEW_ANY_SESSION = "sessions_app.view_session"
-
-
-def session_visible(*, user) -> QuerySet[Session]:
-    if user.has_perm(VIEW_ANY_SESSION):
-        return Session.objects.all()
-    return Session.objects.filter(owner=user)
 
 
 def _with_active_run(queryset: QuerySet[Session]) -> QuerySet[Session]:
@@ -24,11 +16,11 @@ def _with_active_run(queryset: QuerySet[Session]) -> QuerySet[Session]:
 
 def session_list(*, user, cursor: str | None, limit: int) -> tuple[list[Session], str | None]:
     """Newest first, one query whatever the page size."""
-    return keyset_page(_with_active_run(session_visible(user=user)), cursor=cursor, limit=limit, position_field="created_at")
+    return keyset_page(_with_active_run(access.visible_sessions(user=user)), cursor=cursor, limit=limit, position_field="created_at")
 
 
 def session_get(*, user, session_id) -> Session | None:
-    return _with_active_run(session_visible(user=user)).filter(pk=session_id).first()
+    return _with_active_run(access.visible_sessions(user=user)).filter(pk=session_id).first()
 
 
 def message_list(*, session: Session, after_seq: int = 0, limit: int) -> list[Message]:

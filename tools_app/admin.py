@@ -1,6 +1,6 @@
 """Tool calls, and the operators' unknown-calls queue (SPEC §6, §13).
 
-The queue changes a call only through tools_app/reconciliation.py: "query downstream now" is
+The queue changes a call only through engine/actions/reconciliation.py: "query downstream now" is
 `tool_call_reconcile_auto`, recording an outcome is `tool_call_resolve` (which audits it)."""
 
 from django.contrib import admin
@@ -8,15 +8,14 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from approvals_app.admin_display import age, compact_arguments, pretty_json
-from config.admin_base import ReadOnlyAdmin
+from config.admin_base import PolicyScopedAdmin
+from sessions_app import access
 from tools_app.admin_views import query_downstream, tool_call_query_view, tool_call_resolve_view
 from tools_app.models import ToolCall, ToolCallStatus, UnknownToolCall
 
-RECONCILE_PERMISSION = "tools_app.reconcile_toolcall"
-
 
 @admin.register(ToolCall)
-class ToolCallAdmin(ReadOnlyAdmin):
+class ToolCallAdmin(PolicyScopedAdmin):
     list_display = ("id", "run", "tool_name", "effect", "status", "attempts", "idempotency_key", "created_at")
     list_select_related = ("run",)
     list_filter = ("status", "effect", "tool_name")
@@ -28,6 +27,12 @@ class ToolCallAdmin(ReadOnlyAdmin):
         ("Reconciliation", {"fields": ("resolution", "resolved_by", "resolved_at", "evidence", "reconcile_attempts", "next_attempt_at")}),
     )
     readonly_fields = ("id", "arguments_pretty", "result_pretty", "created_at")
+
+    def visible(self, user):
+        return access.visible_tool_calls(user=user)
+
+    def can_see(self, user, obj) -> bool:
+        return access.can_see_tool_call(user=user, tool_call=obj)
 
     @admin.display(description="arguments")
     def arguments_pretty(self, obj):
@@ -55,15 +60,8 @@ class UnknownToolCallAdmin(ToolCallAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).filter(status=ToolCallStatus.UNKNOWN)
 
-    def has_view_permission(self, request, obj=None):
-        # Whoever may reconcile may see what there is to reconcile.
-        return super().has_view_permission(request, obj) or self.has_reconcile_permission(request)
-
-    def has_module_permission(self, request):
-        return super().has_module_permission(request) or self.has_reconcile_permission(request)
-
     def has_reconcile_permission(self, request) -> bool:
-        return request.user.has_perm(RECONCILE_PERMISSION)
+        return access.can_reconcile(user=request.user)
 
     def get_urls(self):
         wrap = self.admin_site.admin_view

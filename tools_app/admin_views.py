@@ -1,5 +1,5 @@
 """The unknown-calls queue's pages: ask the downstream system now, or record the outcome with
-evidence. Both call the reconciliation services the sweeper uses (tools_app/reconciliation.py);
+evidence. Both call the reconciliation actions the sweeper uses (engine/actions/reconciliation.py);
 this module only gathers the operator's input and reports what happened."""
 
 import json
@@ -14,8 +14,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from approvals_app.admin_display import compact_arguments, pretty_json
+from engine.actions.reconciliation import ReconcileError, tool_call_reconcile_auto, tool_call_resolve
 from tools_app.models import Resolution, ToolCall
-from tools_app.reconciliation import ReconcileError, tool_call_reconcile_auto, tool_call_resolve
 
 
 class ResolveForm(forms.Form):

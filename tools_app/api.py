@@ -11,8 +11,9 @@ from ninja import Field, Query, Router, Schema
 
 from config.api_base import COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
 from tools_app.models import Resolution, ToolCallStatus, ToolEffect
-from tools_app.reconciliation import tool_call_reconcile_auto, tool_call_resolve
-from tools_app.selectors import tool_call_can_reconcile, tool_call_get, tool_call_list
+from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
+from sessions_app import access
+from tools_app.selectors import tool_call_get, tool_call_list
 
 router = Router(tags=["tool calls"])
 
@@ -86,7 +87,7 @@ def _visible_call(request, tool_call_id):
 
 def _reconcilable(request, tool_call_id):
     call = _visible_call(request, tool_call_id)
-    if not tool_call_can_reconcile(user=request.auth):
+    if not access.can_reconcile(user=request.auth):
         raise ApiError(403, "not_permitted", "Reconciling needs the tools_app.reconcile_toolcall permission.")
     if call.status != ToolCallStatus.UNKNOWN:
         raise ApiError(409, "not_unknown", f"This tool call is {call.status}, not unknown; nothing to reconcile.")

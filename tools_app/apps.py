@@ -1,4 +1,7 @@
+from importlib import import_module
+
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class ToolsAppConfig(AppConfig):
@@ -6,6 +9,6 @@ class ToolsAppConfig(AppConfig):
     verbose_name = "Tools"
 
     def ready(self) -> None:
-        # Tools register themselves on import; the demo world's tools are part of every deployment
-        # of this demo build (a production build would list its own tool modules here).
-        from tools_app.demo import tools  # noqa: F401
+        # Tools register themselves when their module is imported (tools_app.registry.tool_register).
+        for module in settings.WARDEN_TOOL_MODULES:
+            import_module(module)

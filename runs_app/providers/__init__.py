@@ -1,15 +1,27 @@
-"""Model providers, looked up by name (Run.provider)."""
+"""Model providers, looked up by name (Run.provider) in settings.WARDEN_PROVIDERS, which maps
+each name to the dotted path of a class implementing runs_app.providers.base.Provider — so a
+deployment adds a model vendor without touching Warden. A provider's module is imported the
+first time a run asks for it (the OpenAI SDK alone costs a worker ~0.3 s to import)."""
+
+from functools import cache
+
+from django.conf import settings
+from django.utils.module_loading import import_string
 
 from runs_app.providers.base import Provider
 
 
+class UnknownProvider(ValueError):
+    pass
+
+
+@cache
+def _provider_class(name: str) -> type:
+    path = settings.WARDEN_PROVIDERS.get(name)
+    if path is None:
+        raise UnknownProvider(f"unknown model provider {name!r}; configured: {', '.join(sorted(settings.WARDEN_PROVIDERS))}")
+    return import_string(path)
+
+
 def get_provider(name: str) -> Provider:
-    if name == "scripted":
-        from runs_app.providers.scripted import ScriptedProvider
-
-        return ScriptedProvider()
-    if name == "openai":
-        from runs_app.providers.openai import OpenAIProvider
-
-        return OpenAIProvider()
-    raise ValueError(f"unknown model provider {name!r}")
+    return _provider_class(name)()

@@ -1,6 +1,8 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from config.embedded_db import embedded_server
+
 
 class Command(BaseCommand):
     help = "Show or stop the embedded PostgreSQL server (used when DATABASE_URL is unset)."
@@ -9,8 +11,6 @@ class Command(BaseCommand):
         parser.add_argument("action", choices=["status", "stop"])
 
     def handle(self, *args, action, **options):
-        from config.embedded_db import embedded_server
-
         if not settings.WARDEN_EMBEDDED_DB:
             raise CommandError("DATABASE_URL points at an external server; there is no embedded one to manage.")
         server = embedded_server(settings.BASE_DIR)

@@ -1,12 +1,11 @@
+import logging
 import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
-import logging
-
 from django.db import close_old_connections, connections
 
-from runs_app.engine.sweeper import sweep_once
+from engine.sweeper import sweep_once
 
 logger = logging.getLogger("warden.sweeper")
 

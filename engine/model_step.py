@@ -11,10 +11,14 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from runs_app.engine.context import context_build
-from runs_app.engine.faults import fault_point
-from runs_app.engine.lease import Heartbeat, Lease
-from runs_app.engine.state import Checkpoint, RunFailure, StopDriving
+from engine.actions.runs import run_end
+from engine.checkpoint import Checkpoint, RunFailure, StopDriving
+from engine.context import context_build
+from engine.faults import fault_point
+from engine.interjections import inputs_at_safe_point
+from engine.lease import Heartbeat, Lease
+from engine.tool_exec import tool_calls_create
+from runs_app.events import RunEventType
 from runs_app.live import StepDeltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from runs_app.providers import get_provider
@@ -27,7 +31,7 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
-from runs_app.services import run_transition, run_write
+from runs_app.services import run_transition, run_write, step_create, step_transition
 from runs_app.transitions import LeaseLost
 from sessions_app.models import Message, MessageRole
 from sessions_app.services import messages_append
@@ -54,10 +58,6 @@ class StreamResult:
     aborted: str = ""  # "cancel" when the stream was cut short on purpose
 
 
-def budget_left(run: Run) -> bool:
-    return run.model_calls < run.max_model_calls and run.tokens_used < run.max_tokens
-
-
 def _budget_check(run: Run) -> None:
     if run.model_calls >= run.max_model_calls:
         raise RunFailure(RunErrorCode.MODEL_CALL_BUDGET, f"used all {run.max_model_calls} model calls")
@@ -72,9 +72,7 @@ def model_step_open(*, run: Run, lease: Lease, close_tools_step: Step | None = N
     index = run.step_count
     with transaction.atomic():
         if close_tools_step is not None:
-            Step.objects.filter(pk=close_tools_step.pk, status=StepStatus.RUNNING).update(
-                status=StepStatus.COMPLETED, finished_at=timezone.now()
-            )
+            step_transition(step=close_tools_step, to=StepStatus.COMPLETED, lease_token=lease.token)
         run_write(
             run_id=run.id,
             changes={
@@ -82,10 +80,11 @@ def model_step_open(*, run: Run, lease: Lease, close_tools_step: Step | None = N
                 "model_calls": run.model_calls + 1,
                 "step_count": index + 1,
             },
-            events=[("step_started", {"step": index, "kind": StepKind.MODEL}), ("run_status", _running(RunPhase.CALLING_MODEL))],
+            events=[(RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}),
+                    (RunEventType.RUN_STATUS, _running(RunPhase.CALLING_MODEL))],
             lease_token=lease.token,
         )
-        step = Step.objects.create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
+        step = step_create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
     run.model_calls += 1
     run.step_count += 1
     run.phase = RunPhase.CALLING_MODEL
@@ -101,15 +100,13 @@ def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step 
     with transaction.atomic():
         run_write(
             run_id=cp.run.id,
-            events=[("step_discarded", {"step": step.index, "reason": reason, "previous_lease_token": step.lease_token})],
+            events=[(RunEventType.STEP_DISCARDED, {"step": step.index, "reason": reason, "previous_lease_token": step.lease_token})],
             lease_token=lease.token,
         )
-        Step.objects.filter(pk=step.pk).update(status=StepStatus.DISCARDED, discard_reason=reason[:300], finished_at=timezone.now())
+        step_transition(step=step, to=StepStatus.DISCARDED, lease_token=lease.token, discard_reason=reason[:300])
 
 
 def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | None:
-    from runs_app.engine.interjections import inputs_at_safe_point
-
     run = cp.run
     step = cp.latest_step
     own_open_step = (
@@ -217,8 +214,7 @@ def _validate(result: StreamResult) -> str:
 
 def _step_close(*, step: Step, lease: Lease, status: str, reason: str = "") -> None:
     with transaction.atomic():
-        run_write(run_id=step.run_id, lease_token=lease.token)  # fence: a lost lease writes nothing
-        Step.objects.filter(pk=step.pk).update(status=status, discard_reason=reason[:300], finished_at=timezone.now())
+        step_transition(step=step, to=status, lease_token=lease.token, discard_reason=reason[:300])
 
 
 def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError) -> str:
@@ -233,9 +229,7 @@ def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError) 
         delay = max(delay, error.retry_after)
     wake_at = timezone.now() + timedelta(seconds=delay)
     with transaction.atomic():
-        Step.objects.filter(pk=step.pk).update(
-            status=StepStatus.FAILED, discard_reason=f"transient: {error}"[:300], finished_at=timezone.now()
-        )
+        step_transition(step=step, to=StepStatus.FAILED, lease_token=lease.token, discard_reason=f"transient: {error}"[:300])
         run_transition(
             run=run,
             to=RunStatus.WAITING,
@@ -253,19 +247,13 @@ def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError) 
 def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, manifest: dict) -> str | None:
     """One transaction: the step's outcome, the assistant message, and either the tool calls
     (with the first batch of reads already marked running) or the run's completion."""
-    from runs_app.engine.tool_exec import tool_calls_create
-
     calls = [result.calls[i] for i in sorted(result.calls)]
     tokens = result.input_tokens + result.output_tokens
     with transaction.atomic():
-        Step.objects.filter(pk=step.pk).update(
-            status=StepStatus.COMPLETED,
-            finished_at=timezone.now(),
-            input_tokens=result.input_tokens,
-            output_tokens=result.output_tokens,
-            finish_reason=result.finish_reason,
-            context_manifest=manifest,
-            streamed_text=result.text,
+        step_transition(
+            step=step, to=StepStatus.COMPLETED, lease_token=lease.token,
+            input_tokens=result.input_tokens, output_tokens=result.output_tokens, finish_reason=result.finish_reason,
+            context_manifest=manifest, streamed_text=result.text,
         )
         assistant = Message(
             role=MessageRole.ASSISTANT,
@@ -277,7 +265,7 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
         messages_append(session_id=run.session_id, messages=[assistant])
         events = [
             (
-                "step_completed",
+                RunEventType.STEP_COMPLETED,
                 {"step": step.index, "kind": StepKind.MODEL, "finish_reason": result.finish_reason, "text": result.text,
                  "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "tool_calls": len(calls)},
             )
@@ -285,18 +273,13 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
         changes = {"tokens_used": run.tokens_used + tokens}
         if not calls:
             # A final answer: the run completes in the same commit.
-            from sessions_app.services import session_start_next_run
-
-            run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
-            run.tokens_used += tokens
-            run_transition(run=run, to=RunStatus.COMPLETED, lease_token=lease.token)
-            session_start_next_run(session_id=run.session_id)
+            run_end(run=run, to=RunStatus.COMPLETED, lease_token=lease.token, changes=changes, events_before=events)
             return "completed"
         changes |= {"phase": RunPhase.EXECUTING_TOOLS, "step_count": run.step_count + 1}
-        tools_step = Step.objects.create(run_id=run.id, index=run.step_count, kind=StepKind.TOOLS, lease_token=lease.token)
+        tools_step = step_create(run_id=run.id, index=run.step_count, kind=StepKind.TOOLS, lease_token=lease.token)
         created = tool_calls_create(run=run, step=tools_step, proposed=calls, lease=lease)
-        events.append(("step_started", {"step": tools_step.index, "kind": StepKind.TOOLS}))
-        events.append(("run_status", _running(RunPhase.EXECUTING_TOOLS)))
+        events.append((RunEventType.STEP_STARTED, {"step": tools_step.index, "kind": StepKind.TOOLS}))
+        events.append((RunEventType.RUN_STATUS, _running(RunPhase.EXECUTING_TOOLS)))
         events += created
         run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
     run.tokens_used += tokens

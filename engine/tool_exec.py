@@ -16,16 +16,19 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from runs_app.engine.faults import fault_point
-from runs_app.engine.lease import Heartbeat, Lease
-from runs_app.engine.state import Checkpoint, StopDriving
+from approvals_app.models import Approval, ApprovalStatus
+from engine.actions.approvals import approval_expire, approval_request, tool_call_close_for_decision
+from engine.checkpoint import Checkpoint, CheckpointStale, StopDriving, budget_left
+from engine.faults import fault_point
+from engine.interjections import inputs_at_safe_point
+from engine.lease import Heartbeat, Lease
+from runs_app.events import RunEventType
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
-from runs_app.services import run_transition, run_write
-from sessions_app.models import Message, MessageRole
+from runs_app.services import run_transition, run_write, step_create, step_transition
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.registry import ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
-from tools_app.services import tool_call_event_payload
+from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
 
 logger = logging.getLogger("warden.tools")
 
@@ -38,25 +41,6 @@ class Outcome:
     error_code: str = ""
     error_detail: str = ""
     attempts: int = 0
-
-
-def tool_message_content(*, status: str, result: Any, error_code: str, error_detail: str) -> str:
-    if status == ToolCallStatus.SUCCEEDED:
-        return json.dumps(result, default=str)
-    return json.dumps({"error": {"code": error_code or status, "detail": error_detail}})
-
-
-def tool_message(call: ToolCall) -> Message:
-    return Message(
-        role=MessageRole.TOOL,
-        run_id=call.run_id,
-        step_id=call.step_id,
-        tool_call_id=call.tool_call_id,
-        tool_name=call.tool_name,
-        content=tool_message_content(
-            status=call.status, result=call.result, error_code=call.error_code, error_detail=call.error_detail
-        ),
-    )
 
 
 def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> list[tuple[str, dict]]:
@@ -89,7 +73,7 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
         row.lease_token = lease.token
         row.started_at = timezone.now()
     ToolCall.objects.bulk_create(rows)
-    return [("tool_call", tool_call_event_payload(row)) for row in rows]
+    return [tool_call_event(row) for row in rows]
 
 
 def _leading_reads(calls: list[ToolCall]) -> list[ToolCall]:
@@ -102,8 +86,6 @@ def _leading_reads(calls: list[ToolCall]) -> list[ToolCall]:
 
 
 def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | None:
-    from runs_app.engine.interjections import inputs_at_safe_point
-
     run = cp.run
     head = cp.open_tool_calls[0]  # never a dead worker's `running` call or an `unknown` one: Driver.advance saw to those
     if head.status == ToolCallStatus.PENDING and inputs_at_safe_point(run=run, lease=lease, before="tool"):
@@ -121,9 +103,9 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
     outcome = _write_execute(run=run, lease=lease, call=head, tool=tool)
     if outcome.status == ToolCallStatus.UNKNOWN:
         with transaction.atomic():
-            _apply_outcome(outcome)
-            run_write(run_id=run.id, events=[("tool_call", tool_call_event_payload(outcome.call))], lease_token=lease.token)
-            wait_for_reconciliation(run=run, lease=lease, call=outcome.call, raise_stop=False)
+            _apply_outcome(outcome, lease=lease)
+            wait_for_reconciliation(run=run, lease=lease, call=outcome.call, raise_stop=False,
+                                    events_before=[tool_call_event(outcome.call)])
         raise StopDriving("reconciliation")
     _finish(cp=cp, lease=lease, outcomes=[outcome])
     return None
@@ -132,21 +114,19 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
 def recover_interrupted(*, run: Run, lease: Lease, call: ToolCall) -> None:
     """A call a dead (or stalled) worker had started (SPEC §10): a read runs again; a write
     may have reached the downstream system, so it becomes `unknown` — never replayed."""
-    to = ToolCallStatus.PENDING if call.effect == ToolEffect.READ else ToolCallStatus.UNKNOWN
+    previous_token = call.lease_token
     with transaction.atomic():
-        ToolCall.objects.filter(pk=call.pk, status=ToolCallStatus.RUNNING).update(
-            status=to,
-            error_code="" if to == ToolCallStatus.PENDING else "interrupted",
-            error_detail="" if to == ToolCallStatus.PENDING else "worker lost while the write was in flight",
-            finished_at=None if to == ToolCallStatus.PENDING else timezone.now(),
-        )
-        call.status = to
-        payload = tool_call_event_payload(call) | {"recovered": True, "previous_lease_token": call.lease_token}
-        run_write(run_id=run.id, events=[("tool_call", payload)], lease_token=lease.token)
-    return None
+        if call.effect == ToolEffect.READ:
+            tool_call_transition(tool_call=call, to=ToolCallStatus.PENDING, lease_token=lease.token, error_code="", error_detail="")
+        else:
+            tool_call_transition(tool_call=call, to=ToolCallStatus.UNKNOWN, lease_token=lease.token, error_code="interrupted",
+                                 error_detail="worker lost while the write was in flight")
+        event = tool_call_event(call, recovered=True, previous_lease_token=previous_token)
+        run_write(run_id=run.id, events=[event], lease_token=lease.token)
 
 
-def wait_for_reconciliation(*, run: Run, lease: Lease, call: ToolCall, raise_stop: bool = True) -> None:
+def wait_for_reconciliation(*, run: Run, lease: Lease, call: ToolCall, raise_stop: bool = True,
+                            events_before=()) -> None:
     with transaction.atomic():
         run_transition(
             run=run,
@@ -154,6 +134,7 @@ def wait_for_reconciliation(*, run: Run, lease: Lease, call: ToolCall, raise_sto
             wait_reason=WaitReason.RECONCILIATION,
             lease_token=lease.token,
             event_payload={"tool_call": str(call.id), "tool": call.tool_name},
+            events_before=events_before,
             wait_type="tool_call",
             request_id=str(call.id),
             resume_target=str(call.id),
@@ -168,9 +149,6 @@ def wait_for_reconciliation(*, run: Run, lease: Lease, call: ToolCall, raise_sto
 def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, tool) -> bool:
     """True when a recorded human decision lets this call run. Otherwise suspends the run (or
     closes the call) and returns False. Nothing the model wrote is consulted here."""
-    from approvals_app.models import Approval, ApprovalStatus
-    from approvals_app.services import approval_expire, approval_request
-
     approval = Approval.objects.filter(tool_call=call).first()
     if approval is None:
         approval_request(run=cp.run, tool_call=call, policy=tool.approval, lease_token=lease.token)
@@ -189,8 +167,6 @@ def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, tool) -> bool:
         raise StopDriving("approval")
     # Rejected, expired or withdrawn but the call is still open (the deciding transaction closes it; this
     # is the belt to those braces).
-    from approvals_app.services import tool_call_close_for_decision
-
     tool_call_close_for_decision(approval=approval, lease_token=lease.token)
     return False
 
@@ -248,14 +224,11 @@ def _reads_execute(*, run: Run, lease: Lease, batch: list[ToolCall]) -> list[Out
         with transaction.atomic():
             now = timezone.now()
             for call in pending:
-                ToolCall.objects.filter(pk=call.pk, status=ToolCallStatus.PENDING).update(
-                    status=ToolCallStatus.RUNNING, lease_token=lease.token, started_at=now
-                )
-                call.status = ToolCallStatus.RUNNING
+                tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token, started_at=now)
             run_write(
                 run_id=run.id,
                 changes={"phase": RunPhase.EXECUTING_TOOLS},
-                events=[*_phase_event(run), *(("tool_call", tool_call_event_payload(c)) for c in pending)],
+                events=[*_phase_event(run), *(tool_call_event(c) for c in pending)],
                 lease_token=lease.token,
             )
             run.phase = RunPhase.EXECUTING_TOOLS
@@ -270,21 +243,18 @@ def _phase_event(run: Run) -> list[tuple[str, dict]]:
     must show `running / executing_tools` in its event log, not only in its row."""
     if run.phase == RunPhase.EXECUTING_TOOLS:
         return []
-    return [("run_status", {"status": RunStatus.RUNNING, "phase": RunPhase.EXECUTING_TOOLS, "wait_reason": ""})]
+    return [(RunEventType.RUN_STATUS, {"status": RunStatus.RUNNING, "phase": RunPhase.EXECUTING_TOOLS, "wait_reason": ""})]
 
 
 def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
     with transaction.atomic():
-        updated = ToolCall.objects.filter(pk=call.pk, status=ToolCallStatus.PENDING).update(
-            status=ToolCallStatus.RUNNING, lease_token=lease.token, started_at=timezone.now(), attempts=call.attempts + 1
-        )
-        assert updated == 1, f"tool call {call.id} changed under the lease holder"
-        call.status = ToolCallStatus.RUNNING
-        call.attempts += 1
+        if not tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token,
+                                    started_at=timezone.now(), attempts=call.attempts + 1):
+            raise CheckpointStale(f"tool call {call.id} is no longer {call.status}")
         run_write(
             run_id=run.id,
             changes={"phase": RunPhase.EXECUTING_TOOLS},
-            events=[*_phase_event(run), ("tool_call", tool_call_event_payload(call) | {"idempotency_key": call.idempotency_key})],
+            events=[*_phase_event(run), tool_call_event(call, idempotency_key=call.idempotency_key)],
             lease_token=lease.token,
         )
         run.phase = RunPhase.EXECUTING_TOOLS
@@ -304,50 +274,45 @@ def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
     return outcome
 
 
-def _apply_outcome(outcome: Outcome) -> None:
+def _apply_outcome(outcome: Outcome, *, lease: Lease) -> None:
     call = outcome.call
-    values = {
-        "status": outcome.status, "result": outcome.result, "error_code": outcome.error_code,
-        "error_detail": outcome.error_detail, "attempts": outcome.attempts, "finished_at": timezone.now(),
-    }
-    updated = ToolCall.objects.filter(pk=call.pk, status__in=[ToolCallStatus.RUNNING, ToolCallStatus.PENDING]).update(**values)
-    assert updated == 1, f"tool call {call.id} changed under the lease holder"
-    for field, value in values.items():
-        setattr(call, field, value)
+    if not tool_call_transition(
+        tool_call=call, to=outcome.status, lease_token=lease.token, result=outcome.result, error_code=outcome.error_code,
+        error_detail=outcome.error_detail, attempts=outcome.attempts, finished_at=timezone.now(),
+    ):
+        # Only this lease holder moves an open call of its run; a miss means the checkpoint was stale.
+        raise CheckpointStale(f"tool call {call.id} changed under the lease holder")
 
 
 def _finish(*, cp: Checkpoint, lease: Lease, outcomes: list[Outcome]) -> None:
     """One commit: the outcomes and their tool messages, then the start of whatever comes
     next — the following reads marked running, or the next model step opened."""
-    from runs_app.engine.model_step import budget_left
-
     run = cp.run
     done = {o.call.pk for o in outcomes}
     remaining = [c for c in cp.open_tool_calls if c.pk not in done]
     with transaction.atomic():
         for outcome in outcomes:
-            _apply_outcome(outcome)
-        messages_append(session_id=run.session_id, messages=[tool_message(o.call) for o in outcomes])
-        events = [("tool_call", tool_call_event_payload(o.call)) for o in outcomes]
+            _apply_outcome(outcome, lease=lease)
+        messages_append(session_id=run.session_id, messages=[tool_call_message(o.call) for o in outcomes])
+        events = [tool_call_event(o.call) for o in outcomes]
         # The lease is extended by the heartbeat, not here: keeping the indexed lease_expires_at
         # out of checkpoints lets PostgreSQL update the run row in place (HOT).
         changes: dict[str, Any] = {}
         if remaining:
-            next_reads = _leading_reads(remaining)
             now = timezone.now()
-            for call in next_reads:
-                ToolCall.objects.filter(pk=call.pk, status=ToolCallStatus.PENDING).update(
-                    status=ToolCallStatus.RUNNING, lease_token=lease.token, started_at=now
-                )
-                call.status = ToolCallStatus.RUNNING
-                events.append(("tool_call", tool_call_event_payload(call)))
+            for call in _leading_reads(remaining):
+                if call.status == ToolCallStatus.PENDING:
+                    tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token, started_at=now)
+                    events.append(tool_call_event(call))
         else:
-            Step.objects.filter(pk=cp.tools_step.pk).update(status=StepStatus.COMPLETED, finished_at=timezone.now())
-            events.append(("step_completed", {"step": cp.tools_step.index, "kind": StepKind.TOOLS}))
+            step_transition(step=cp.tools_step, to=StepStatus.COMPLETED, lease_token=lease.token)
+            events.append((RunEventType.STEP_COMPLETED, {"step": cp.tools_step.index, "kind": StepKind.TOOLS}))
             if budget_left(run) and run.cancel_requested_at is None:
                 index = run.step_count
-                Step.objects.create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
+                step_create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
                 changes |= {"phase": RunPhase.CALLING_MODEL, "model_calls": run.model_calls + 1, "step_count": index + 1}
-                events.append(("step_started", {"step": index, "kind": StepKind.MODEL}))
-                events.append(("run_status", {"status": RunStatus.RUNNING, "phase": RunPhase.CALLING_MODEL, "wait_reason": ""}))
+                events.append((RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}))
+                events.append((RunEventType.RUN_STATUS, {"status": RunStatus.RUNNING, "phase": RunPhase.CALLING_MODEL, "wait_reason": ""}))
         run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
+    for field, value in changes.items():
+        setattr(run, field, value)

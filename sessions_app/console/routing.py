@@ -2,8 +2,8 @@ import os
 
 from django.urls import path
 
-from sessions_app.consumers import ConsoleConsumer, EchoConsumer
-from sessions_app.views import CONSOLE_WS_PATH
+from sessions_app.console.consumer import ConsoleConsumer, EchoConsumer
+from sessions_app.console.views import CONSOLE_WS_PATH
 
 websocket_urlpatterns: list = [path(CONSOLE_WS_PATH, ConsoleConsumer.as_asgi())]
 

@@ -18,7 +18,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from runs_app.events import RunEventType
 from runs_app.models import RunPhase, RunStatus
+from runs_app.services import run_write
 
 logger = logging.getLogger("warden.lease")
 
@@ -42,8 +44,6 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
     """Take a queued run, or None when it is not claimable (not queued, or another worker is
     claiming it right now). One statement: the row lock is taken with SKIP LOCKED, so two
     workers racing for one run never wait on each other and exactly one wins."""
-    from runs_app.services import run_write
-
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
@@ -64,7 +64,7 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
             },
             events=[
                 (
-                    "run_status",
+                    RunEventType.RUN_STATUS,
                     {
                         "status": RunStatus.RUNNING,
                         "phase": RunPhase.PREPARING_CONTEXT,

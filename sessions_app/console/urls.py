@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sessions_app import views
+from sessions_app.console import views
 
 app_name = "console"
 

@@ -12,9 +12,15 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
+from engine.actions.approvals import approval_expire
+from engine.actions.reconciliation import tool_call_reconcile_auto
+from engine.actions.runs import run_end, run_resume
+from engine.queue import run_enqueue, run_enqueue_now
 from runs_app.models import Run, RunErrorCode, RunStatus, WaitReason
-from runs_app.services import run_resume, run_transition
+from runs_app.services import run_transition
+from sessions_app.services import session_lock
 from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.selectors import writes_in_doubt
 
 logger = logging.getLogger("warden.sweeper")
 BATCH = 100
@@ -37,8 +43,6 @@ def sweep_once() -> dict:
 
 
 def _revoke_expired_leases(now) -> int:
-    from runs_app.tasks import run_enqueue
-
     revoked = 0
     for run_id in Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]:
         with transaction.atomic():
@@ -65,8 +69,6 @@ def _wake_backoffs(now) -> int:
 
 
 def _expire_approvals(now) -> int:
-    from approvals_app.services import approval_expire
-
     expired = 0
     for approval in Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)[:BATCH]:
         expired += approval_expire(approval=approval)
@@ -89,8 +91,6 @@ def _heal_waits() -> int:
 
 
 def _reconcile(now) -> int:
-    from tools_app.reconciliation import tool_call_reconcile_auto
-
     resolved = 0
     for call in ToolCall.objects.filter(status=ToolCallStatus.UNKNOWN, next_attempt_at__lte=now).order_by("next_attempt_at")[:BATCH]:
         resolved += tool_call_reconcile_auto(tool_call=call) == "resolved"
@@ -102,9 +102,6 @@ def _fail_past_deadline(now) -> int:
     approval is withdrawn). Not while a write is in doubt — waiting on reconciliation, or
     queued with a write a dead worker left `running`: a worker recovers and reconciles it
     first, and the deadline fails the run after."""
-    from runs_app.engine.cancel import run_close_unstarted, writes_in_doubt
-    from sessions_app.services import session_lock, session_start_next_run
-
     failed = 0
     overdue = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.WAITING], deadline__lt=now).exclude(
         wait_reason=WaitReason.RECONCILIATION
@@ -113,26 +110,19 @@ def _fail_past_deadline(now) -> int:
         with transaction.atomic():
             session_lock(session_id=run.session_id)
             run = Run.objects.select_for_update().get(pk=run.pk)
-            if run.status not in (RunStatus.QUEUED, RunStatus.WAITING):
+            if run.status not in (RunStatus.QUEUED, RunStatus.WAITING) or writes_in_doubt(run_id=run.id).exists():
                 continue
-            run_close_unstarted(run=run, lease_token=None, code="run_failed", why="the run failed")
-            if run_transition(
-                run=run, to=RunStatus.FAILED, error_code=RunErrorCode.DEADLINE,
-                error_detail=f"the run passed its deadline {run.deadline.isoformat()}",
-            ):
-                session_start_next_run(session_id=run.session_id)
-                failed += 1
+            failed += run_end(run=run, to=RunStatus.FAILED, lease_token=None, error_code=RunErrorCode.DEADLINE,
+                              error_detail=f"the run passed its deadline {run.deadline.isoformat()}")
     return failed
 
 
 def _reenqueue_stale(now) -> int:
     """Tasks are delivered at least zero times if a process dies between commit and enqueue;
     duplicates are harmless (the lease decides), so re-enqueue queued runs nobody took."""
-    from django_q.tasks import async_task
-
     stale_after = timedelta(seconds=max(5.0, 2 * settings.WARDEN_SWEEP_SECONDS))
     run_ids = list(Run.objects.filter(status=RunStatus.QUEUED, updated_at__lt=now - stale_after).values_list("pk", flat=True)[:BATCH])
     for run_id in run_ids:
-        async_task("runs_app.tasks.advance_run", str(run_id))
+        run_enqueue_now(run_id)
         Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(updated_at=timezone.now())
     return len(run_ids)

@@ -8,8 +8,8 @@
 - `run.delta` (text and tool-call argument fragments) carries its step and character offset,
   so what a client already has is dropped here and the client reconciles the rest with what it
   shows; a text delta after a gap keeps the text so far when the worker sent it along.
-- `post`, `cancel` and `decide` go through the services (sessions_app.views' console_*
-  actions); a refusal comes back as {"type": "error", "code", "message"}.
+- `post`, `cancel` and `decide` go through sessions_app.console.actions (the access policy, then
+  the engine's actions); a refusal comes back as {"type": "error", "code", "message"}.
 
 Client → server:  {"action": "subscribe", "session": id, "after": {run_id: last_seq}}
                   {"action": "unsubscribe", "session": id}
@@ -37,9 +37,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 
+from runs_app.events import LiveDeltaKind, RunEventType
 from runs_app.live import session_group
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepKind, StepStatus
-from sessions_app.views import (
+from sessions_app import access
+from sessions_app.console.actions import (
     ConsoleError,
     console_approval_decide,
     console_message_post,
@@ -208,6 +210,10 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         after = _parse_after(content.get("after"))
         session = await database_sync_to_async(console_session_get)(user=self.user, session_id=content.get("session"))
         session_id = str(session.pk)
+        if not await database_sync_to_async(access.can_see_runs_of)(user=self.user, session=session):
+            # The session, not its runs (sessions_app.view_session without run access): nothing to stream.
+            await self.send_json({"type": "subscribed", "session": session_id, "ref": content.get("ref"), "runs": {}})
+            return
         # Join before reading: an event committed after the read is then certainly announced
         # to us, and one announced before it is dropped below as already sent.
         await self.channel_layer.group_add(session_group(session_id), self.channel_name)
@@ -269,7 +275,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
             return
         self.last_seq[run_id] = events[-1]["seq"]
         for event in events:
-            if event["type"] in ("step_completed", "step_discarded"):
+            if event["type"] in (RunEventType.STEP_COMPLETED, RunEventType.STEP_DISCARDED):
                 # The event carries (or voids) the final text: no delta of that step is news now.
                 self.text_sent[(run_id, event["payload"].get("step"))] = STEP_CLOSED
         message = {"type": "events", "session": self.run_sessions.get(run_id), "run_id": run_id, "events": events}
@@ -296,7 +302,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         if not await self._watching(run_id):
             return
         delta = message["delta"]
-        if delta.get("kind") == "tool_call_delta" and isinstance(delta.get("offset"), int):
+        if delta.get("kind") == LiveDeltaKind.TOOL_CALL_DELTA and isinstance(delta.get("offset"), int):
             key = (run_id, delta["step"], delta["index"])
             sent = self.calls_sent.get(key, -1)  # argument characters the client has; -1: not announced
             end = delta["offset"] + len(delta["arguments"])
@@ -304,7 +310,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
                 return
             if delta["offset"] <= max(sent, 0):
                 self.calls_sent[key] = end
-        elif delta.get("kind") == "text_delta":
+        elif delta.get("kind") == LiveDeltaKind.TEXT_DELTA:
             key = (run_id, delta["step"])
             sent = self.text_sent.get(key, 0)  # the client has the text up to here, without gaps
             end = delta["offset"] + len(delta["text"])

@@ -3,10 +3,11 @@
 from django.db import transaction
 from django.utils import timezone
 
-from runs_app.engine.context import context_build
+from engine.context import context_build
+from runs_app.events import RunEventType
 from runs_app.models import Run
 from runs_app.providers import get_provider
-from runs_app.services import run_write
+from runs_app.services import run_seen_by_lease_holder, run_touched_by_others, run_write
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
 from sessions_app.services import messages_append
 
@@ -16,8 +17,6 @@ def inputs_at_safe_point(*, run: Run, lease, before: str) -> bool:
     only); an intent switch requests this run's cancellation and stays pending, to start the
     next run; a queued input waits for the run to end and holds back those after it.
     Returns True when something changed and the checkpoint must be read again."""
-    from runs_app.services import run_seen_by_lease_holder, run_touched_by_others
-
     if not run_touched_by_others(run):
         return False  # nobody wrote to the run since our last write: no input can be waiting
     pending = list(PendingInput.objects.filter(session_id=run.session_id, consumed_at__isnull=True).order_by("id"))
@@ -46,7 +45,7 @@ def inputs_at_safe_point(*, run: Run, lease, before: str) -> bool:
             )
             run_write(
                 run_id=run.id,
-                events=[("input_applied", {"pending_input": item.pk, "mode": InputMode.SUPPLEMENT, "message_seq": message.seq, "content": item.content})],
+                events=[(RunEventType.INPUT_APPLIED, {"pending_input": item.pk, "mode": InputMode.SUPPLEMENT, "message_seq": message.seq, "content": item.content})],
                 lease_token=lease.token,
             )
         changed = True
@@ -62,7 +61,7 @@ def _classify(*, run: Run, lease, item: PendingInput) -> str:
         PendingInput.objects.filter(pk=item.pk).update(resolved_mode=mode, classification_reason=verdict.reason[:300])
         run_write(
             run_id=run.id,
-            events=[("input_classified", {"pending_input": item.pk, "mode": mode, "reason": verdict.reason})],
+            events=[(RunEventType.INPUT_CLASSIFIED, {"pending_input": item.pk, "mode": mode, "reason": verdict.reason})],
             lease_token=lease.token,
         )
     item.resolved_mode = mode
@@ -79,6 +78,6 @@ def _request_cancel_for(*, run: Run, lease, item: PendingInput) -> None:
                 "cancel_requested_by_id": item.submitted_by_id,
                 "cancel_reason": f"intent switch: {item.content[:200]}",
             },
-            events=[("cancel_requested", {"by": None, "reason": "intent switch", "pending_input": item.pk})],
+            events=[(RunEventType.CANCEL_REQUESTED, {"by": None, "reason": "intent switch", "pending_input": item.pk})],
             lease_token=lease.token,
         )

@@ -8,11 +8,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals_app.services import audit_record
+from engine.actions.runs import run_resume
 from runs_app.models import Run, WaitReason
-from runs_app.services import run_resume
+from runs_app.services import run_write
+from sessions_app import access
+from sessions_app.services import messages_append
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 from tools_app.registry import ToolContext, tool_get
-from tools_app.services import tool_call_event_payload
+from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
 
 logger = logging.getLogger("warden.reconcile")
 
@@ -32,12 +36,7 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
     """One lookup by idempotency key: by the sweeper, or by an operator ("query downstream
     now", permission and audit required). Returns 'resolved', 'unresolved' or 'manual'."""
     if acting_user is not None:
-        from approvals_app.services import audit_record
-
-        if not acting_user.has_perm("tools_app.reconcile_toolcall"):
-            raise ReconcileError("not_permitted", "You may not reconcile tool calls.")
-        if tool_call.status != ToolCallStatus.UNKNOWN:
-            raise ReconcileError("not_unknown", f"This tool call is {tool_call.status}, not unknown; nothing to reconcile.")
+        _check_reconciler(acting_user, tool_call)
         audit_record(actor=acting_user, action="reconcile_query", obj=tool_call, run_id=tool_call.run_id,
                      before={"status": tool_call.status}, after={"requested": "downstream lookup"})
     tool = tool_get(tool_call.tool_name)
@@ -75,6 +74,13 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
     return "resolved"
 
 
+def _check_reconciler(acting_user, tool_call: ToolCall) -> None:
+    refusal = access.why_cannot_reconcile(user=acting_user, tool_call=tool_call)
+    if refusal:
+        code = "not_permitted" if not access.can_reconcile(user=acting_user) else "not_unknown"
+        raise ReconcileError(code, refusal)
+
+
 def _within_grace(tool_call: ToolCall) -> bool:
     since = tool_call.finished_at or tool_call.started_at or tool_call.created_at
     return timezone.now() - since < timedelta(seconds=settings.WARDEN_RECONCILE_GRACE_SECONDS)
@@ -84,40 +90,33 @@ def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acti
     """Record the truth about an unknown call: applied → succeeded, not applied → failed. A human
     needs the permission and must give evidence; the decision is audited. The run resumes
     once none of its calls is unknown."""
-    from approvals_app.services import audit_record
-    from runs_app.engine.tool_exec import tool_message
-    from runs_app.services import run_write
-    from sessions_app.services import messages_append
-
-    if acting_user is not None and not acting_user.has_perm("tools_app.reconcile_toolcall"):
-        raise ReconcileError("not_permitted", "You may not reconcile tool calls.")
+    if acting_user is not None and not access.can_reconcile(user=acting_user):
+        raise ReconcileError("not_permitted", access.why_cannot_reconcile(user=acting_user, tool_call=tool_call))
     if not (evidence or "").strip():
         raise ReconcileError("evidence_required", "Evidence is required to record an outcome.")
     to = ToolCallStatus.SUCCEEDED if applied else ToolCallStatus.FAILED
     now = timezone.now()
     values = {
-        "status": to,
         "resolution": Resolution.APPLIED if applied else Resolution.NOT_APPLIED,
         "resolved_by": acting_user,
         "resolved_at": now,
         "evidence": evidence.strip(),
         "next_attempt_at": None,
+        # The call's execution ended when its outcome became unknown; resolved_at says when it was settled.
+        "finished_at": tool_call.finished_at or now,
         "result": result if applied else None,
         "error_code": "" if applied else "not_applied",
         "error_detail": "" if applied else f"reconciled: not applied ({evidence.strip()[:200]})",
     }
     with transaction.atomic():
-        updated = ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(**values)
-        if not updated:
+        if tool_call.status != ToolCallStatus.UNKNOWN or not tool_call_transition(tool_call=tool_call, to=to, **values):
             current = ToolCall.objects.get(pk=tool_call.pk)
             raise ReconcileError("not_unknown", f"This tool call is {current.status}, not unknown; nothing to reconcile.")
-        for field, value in values.items():
-            setattr(tool_call, field, value)
         session_id = Run.objects.values_list("session_id", flat=True).get(pk=tool_call.run_id)
-        messages_append(session_id=session_id, messages=[tool_message(tool_call)])
+        messages_append(session_id=session_id, messages=[tool_call_message(tool_call)])
         run_write(
             run_id=tool_call.run_id,
-            events=[("tool_call", tool_call_event_payload(tool_call) | {"resolution": values["resolution"], "evidence": values["evidence"]})],
+            events=[tool_call_event(tool_call, resolution=values["resolution"], evidence=values["evidence"])],
             raise_on_miss=True,
         )
         if acting_user is not None:

@@ -18,14 +18,19 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
-from runs_app.engine import model_step, tool_exec
-from runs_app.engine.faults import fault_point
-from runs_app.engine.lease import Heartbeat, Lease, run_claim, worker_identity
-from runs_app.engine.state import Checkpoint, RunFailure, StopDriving, checkpoint_load
-from runs_app.models import Run, RunErrorCode, RunStatus
-from runs_app.services import run_transition
+from engine import model_step, tool_exec
+from engine.actions.cancel import run_cancel_by_worker
+from engine.actions.runs import run_end
+from engine.checkpoint import Checkpoint, CheckpointStale, RunFailure, StopDriving, checkpoint_load
+from engine.faults import fault_point
+from engine.lease import Heartbeat, Lease, run_claim, worker_identity
+from engine.queue import run_enqueue
+from runs_app.events import RunEventType
+from runs_app.models import Run, RunErrorCode, RunStatus, Step, StepKind, StepStatus
+from runs_app.services import run_transition, step_transition
 from runs_app.transitions import LeaseLost
 from tools_app.models import ToolCallStatus
+from tools_app.selectors import writes_in_doubt
 
 logger = logging.getLogger("warden.engine")
 
@@ -78,6 +83,8 @@ class Driver:
                 return cp.run.status
             try:
                 outcome = self.advance(cp)
+            except CheckpointStale:
+                continue
             except StopDriving as stop:
                 return stop.outcome
             except RunFailure as failure:
@@ -100,15 +107,14 @@ class Driver:
         if unknown is not None:
             tool_exec.wait_for_reconciliation(run=run, lease=self.lease, call=unknown)  # raises StopDriving
         if run.cancel_requested_at is not None or self.heartbeat.cancel_requested.is_set():
-            from runs_app.engine.cancel import run_cancel_by_worker
-
-            return run_cancel_by_worker(cp=cp, lease=self.lease)
+            return run_cancel_by_worker(run=run, lease_token=self.lease.token)
         if timezone.now() >= run.deadline:
             raise RunFailure(RunErrorCode.DEADLINE, f"the run passed its deadline {run.deadline.isoformat()}")
         if cp.open_tool_calls:
             return tool_exec.tools_advance(cp=cp, lease=self.lease, heartbeat=self.heartbeat)
         latest = cp.latest_step
-        if latest is not None and latest.kind == "model" and latest.status == "running" and latest.lease_token != self.lease.token:
+        if (latest is not None and latest.kind == StepKind.MODEL and latest.status == StepStatus.RUNNING
+                and latest.lease_token != self.lease.token):
             # Opened by a worker that is gone: whatever it had received is discarded (SPEC §10).
             model_step.model_step_discard(cp=cp, lease=self.lease, reason="worker lost mid-stream; output discarded")
             return None
@@ -117,21 +123,13 @@ class Driver:
         return model_step.model_turn(cp=cp, lease=self.lease, heartbeat=self.heartbeat)
 
     def complete(self, run: Run) -> str:
-        from sessions_app.services import session_lock, session_start_next_run
-
-        with transaction.atomic():
-            session_lock(session_id=run.session_id)
-            run_transition(run=run, to=RunStatus.COMPLETED, lease_token=self.lease.token)
-            session_start_next_run(session_id=run.session_id)
+        run_end(run=run, to=RunStatus.COMPLETED, lease_token=self.lease.token)
         return "completed"
 
     def fail(self, run: Run, code: str, detail: str) -> str:
         """End the run as failed, closing what never started — unless a write is in doubt (a bug
         struck mid-write, say): then the write is recovered and the run waits for its
         reconciliation; the failure, if it recurs, comes after."""
-        from runs_app.engine.cancel import run_close_unstarted, writes_in_doubt
-        from sessions_app.services import session_lock, session_start_next_run
-
         run = Run.objects.get(pk=run.pk)
         doubt = list(writes_in_doubt(run_id=run.id))
         if doubt:
@@ -142,13 +140,7 @@ class Driver:
                     tool_exec.recover_interrupted(run=run, lease=self.lease, call=call)
             tool_exec.wait_for_reconciliation(run=run, lease=self.lease, call=doubt[0], raise_stop=False)
             return "reconciliation"
-        with transaction.atomic():
-            session_lock(session_id=run.session_id)
-            run_close_unstarted(run=run, lease_token=self.lease.token, code="run_failed", why="the run failed")
-            run_transition(
-                run=run, to=RunStatus.FAILED, lease_token=self.lease.token, error_code=code, error_detail=detail[:2000]
-            )
-            session_start_next_run(session_id=run.session_id)
+        run_end(run=run, to=RunStatus.FAILED, lease_token=self.lease.token, error_code=code, error_detail=detail)
         return "failed"
 
     def yield_slice(self, run: Run) -> str:
@@ -158,24 +150,18 @@ class Driver:
         counting its model call. Yielding right after it, the model was never called: that step
         is discarded here and its call given back, so the next worker's call is the only one
         counted (otherwise every such yield would cost a call of the run's budget)."""
-        from django.db.models import F
-
-        from runs_app.models import Step, StepKind, StepStatus
-        from runs_app.tasks import run_enqueue
-
         with transaction.atomic():
-            extra = []
+            extra_events, changes = [], {}
             latest = Step.objects.filter(run_id=run.id).order_by("-index").first()
             if (latest is not None and latest.kind == StepKind.MODEL and latest.status == StepStatus.RUNNING
                     and latest.lease_token == self.lease.token and not latest.streamed_text):
                 reason = "time slice used before the model was called"
-                Step.objects.filter(pk=latest.pk).update(status=StepStatus.DISCARDED, discard_reason=reason,
-                                                         finished_at=timezone.now())
-                extra.append(("step_discarded", {"step": latest.index, "reason": reason, "previous_lease_token": latest.lease_token}))
+                step_transition(step=latest, to=StepStatus.DISCARDED, lease_token=self.lease.token, discard_reason=reason)
+                extra_events.append((RunEventType.STEP_DISCARDED,
+                                      {"step": latest.index, "reason": reason, "previous_lease_token": latest.lease_token}))
+                changes["model_calls"] = run.model_calls - 1
             if not run_transition(run=run, to=RunStatus.QUEUED, lease_token=self.lease.token,
-                                  event_payload={"reason": "time slice used"}, extra_events=extra):
+                                  event_payload={"reason": "time slice used"}, extra_events=extra_events, **changes):
                 return "yielded"
-            if extra:
-                Run.objects.filter(pk=run.id).update(model_calls=F("model_calls") - 1)
             run_enqueue(run.id)
         return "yielded"

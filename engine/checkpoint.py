@@ -1,8 +1,8 @@
-"""Reading the checkpoint a worker resumes from."""
+"""Reading the checkpoint a worker resumes from, and what it says about the run's budgets."""
 
 from dataclasses import dataclass, field
 
-from runs_app.engine.lease import Lease
+from engine.lease import Lease
 from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus
 from runs_app.transitions import LeaseLost
 from tools_app.models import ToolCall, ToolCallStatus
@@ -23,6 +23,11 @@ class StopDriving(Exception):
     def __init__(self, outcome: str):
         super().__init__(outcome)
         self.outcome = outcome
+
+
+class CheckpointStale(Exception):
+    """Something the worker read changed under it (nothing was written): read the checkpoint
+    again and carry on from what it says."""
 
 
 @dataclass
@@ -54,3 +59,8 @@ def checkpoint_load(*, run_id, lease: Lease) -> Checkpoint:
             .order_by("index")
         )
     return cp
+
+
+def budget_left(run: Run) -> bool:
+    """Whether the run may make another model call."""
+    return run.model_calls < run.max_model_calls and run.tokens_used < run.max_tokens

@@ -1,0 +1,63 @@
+"""Keyset pagination shared by every list (selectors page with it; the API hands the cursors out).
+Cursors are opaque to clients and checked here: a damaged one is InvalidCursor, never a
+database error."""
+
+import base64
+import binascii
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from django.db.models import Q
+
+
+class InvalidCursor(ValueError):
+    """A cursor this server did not hand out (the API answers 422 invalid_cursor)."""
+
+
+def cursor_encode(position: datetime, pk) -> str:
+    raw = json.dumps([position.isoformat(), str(pk)], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def cursor_decode(cursor: str, *, pk_type=uuid.UUID) -> tuple[datetime, Any]:
+    """The (timestamp, id) a page ends at."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        position, pk = json.loads(raw)
+        moment = datetime.fromisoformat(position)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return moment.astimezone(timezone.utc), pk_type(pk)
+    except (binascii.Error, ValueError, TypeError, AttributeError, OverflowError, UnicodeDecodeError):
+        raise InvalidCursor("The cursor is not one this API handed out.") from None
+
+
+def keyset_page(queryset, *, cursor: str | None, limit: int, position_field: str, descending: bool = True,
+                order_prefix: tuple = ()):
+    """One page of `queryset` ordered by (position_field, id), and the cursor of the next page
+    (None on the last). The bound is written as `pos <= c AND (pos < c OR id < pk)` so the first
+    half is an index range condition: deep pages cost the same as the first. `order_prefix`
+    names columns the filters fix to one value: ordering by them changes nothing but tells the
+    planner which index already yields the rows in order."""
+    order = [f"-{position_field}", "-id"] if descending else [position_field, "id"]
+    queryset = queryset.order_by(*order_prefix, *order)
+    if cursor:
+        position, pk = cursor_decode(cursor)
+        if descending:
+            queryset = queryset.filter(Q(**{f"{position_field}__lte": position}),
+                                       Q(**{f"{position_field}__lt": position}) | Q(id__lt=pk))
+        else:
+            queryset = queryset.filter(Q(**{f"{position_field}__gte": position}),
+                                       Q(**{f"{position_field}__gt": position}) | Q(id__gt=pk))
+    rows = list(queryset[: limit + 1])
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1]
+        if isinstance(last, dict):  # a .values() page
+            next_cursor = cursor_encode(last[position_field], last["id"])
+        else:
+            next_cursor = cursor_encode(getattr(last, position_field), last.pk)
+    return rows, next_cursor

@@ -1,0 +1,116 @@
+"""Human approval (SPEC §7): a write waits for a recorded decision by an authorized person;
+nothing the model writes counts. Each function is one transaction across the approval, its
+tool call, the session's history and the run."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from approvals_app.models import Approval, ApprovalStatus
+from approvals_app.services import (
+    ApprovalAlreadyDecided,
+    ApprovalError,
+    ApprovalExpired,
+    ApprovalNotPermitted,
+    approval_create,
+    approval_event_payload,
+    approval_transition,
+    audit_record,
+)
+from engine.actions.runs import run_resume
+from runs_app.events import RunEventType
+from runs_app.models import Run, RunStatus, WaitReason
+from runs_app.services import run_transition
+from sessions_app import access
+from sessions_app.services import messages_append
+from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.services import tool_call_message, tool_call_transition
+
+
+def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token: int) -> Approval:
+    """Suspend the run on a write that needs a human: the Approval row and `waiting / approval`
+    in one commit."""
+    expires_at = timezone.now() + timedelta(seconds=settings.WARDEN_APPROVAL_TTL_SECONDS)
+    with transaction.atomic():
+        approval = approval_create(run=run, tool_call=tool_call, policy=policy, expires_at=expires_at)
+        run_transition(
+            run=run,
+            to=RunStatus.WAITING,
+            wait_reason=WaitReason.APPROVAL,
+            lease_token=lease_token,
+            extra_events=[(RunEventType.APPROVAL_REQUESTED, approval_event_payload(approval) | {
+                "tool": tool_call.tool_name, "arguments": tool_call.arguments,
+            })],
+            wait_type="approval",
+            request_id=str(approval.id),
+            expires_at=expires_at,
+            resume_target=str(tool_call.id),
+        )
+    return approval
+
+
+def approval_decide(*, approval: Approval, decision: str, note: str = "", acting_user) -> Approval:
+    """Approve or reject. Exactly one decision is recorded even when many people click at once
+    (a conditional UPDATE on `pending`); the others get ApprovalAlreadyDecided naming the winner.
+    Audited. Approval resumes the same run; rejection cancels the tool call and tells the model
+    why."""
+    if decision not in ("approve", "reject"):
+        raise ApprovalError(f"decision must be 'approve' or 'reject', not {decision!r}")
+    approval = Approval.objects.select_related("run__session", "tool_call").get(pk=approval.pk)
+    refusal = access.why_not_a_decider(user=acting_user, approval=approval)
+    if refusal:
+        raise ApprovalNotPermitted(refusal)
+    if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
+        # Past its expiry a request can no longer be approved, even if the sweeper has not
+        # closed it yet: close it now and say so.
+        approval_expire(approval=approval)
+        raise ApprovalExpired(f"This request expired at {approval.expires_at.isoformat()}.")
+    to = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
+    with transaction.atomic():
+        if approval.status != ApprovalStatus.PENDING or not approval_transition(
+            approval=approval, to=to, decided_by=acting_user, note=note
+        ):
+            current = Approval.objects.select_related("decided_by").get(pk=approval.pk)
+            who = current.decided_by.get_username() if current.decided_by_id else "the clock (expired)"
+            when = current.decided_at.isoformat() if current.decided_at else "?"
+            raise ApprovalAlreadyDecided(f"Already {current.status} by {who} at {when}.")
+        audit_record(
+            actor=acting_user, action=decision, obj=approval, run_id=approval.run_id,
+            before={"status": ApprovalStatus.PENDING}, after={"status": to}, note=note,
+        )
+        if to == ApprovalStatus.REJECTED:
+            tool_call_close_for_decision(approval=approval)
+        run_resume(run_id=approval.run_id, wait_reasons=[WaitReason.APPROVAL], event_payload={"approval": str(approval.id)})
+    return approval
+
+
+def approval_expire(*, approval: Approval, lease_token: int | None = None) -> bool:
+    """An approval past its expiry is closed by the clock; its tool call never runs. Without a
+    lease (the sweeper, a late click) the waiting run resumes to tell the model."""
+    with transaction.atomic():
+        if not approval_transition(approval=approval, to=ApprovalStatus.EXPIRED, decided_by=None,
+                                   note="expired without a decision", lease_token=lease_token):
+            return False
+        tool_call_close_for_decision(approval=approval, lease_token=lease_token)
+        if lease_token is None:
+            run_resume(run_id=approval.run_id, wait_reasons=[WaitReason.APPROVAL], event_payload={"approval": str(approval.id)})
+    return True
+
+
+def tool_call_close_for_decision(*, approval: Approval, lease_token: int | None = None) -> None:
+    """Rejected, expired or withdrawn: the tool call is cancelled and a tool message tells the
+    model why, so the history never holds a dangling tool call."""
+    call = ToolCall.objects.get(pk=approval.tool_call_id)
+    if call.status != ToolCallStatus.PENDING:
+        return
+    reason = {ApprovalStatus.REJECTED: "approval_rejected", ApprovalStatus.WITHDRAWN: "approval_withdrawn"}.get(
+        approval.status, "approval_expired")
+    detail = approval.note or {"approval_expired": "the approval request expired", "approval_rejected": "rejected"}.get(
+        reason, "the request was withdrawn")
+    with transaction.atomic():
+        if tool_call_transition(tool_call=call, to=ToolCallStatus.CANCELLED, lease_token=lease_token, announce=True,
+                                error_code=reason, error_detail=detail):
+            session_id = Run.objects.values_list("session_id", flat=True).get(pk=call.run_id)
+            messages_append(session_id=session_id, messages=[tool_call_message(call)])

@@ -1,0 +1,125 @@
+"""Starting, resuming and ending runs: the changes that touch a run, its session's history and
+pending input, its tool calls and approvals at once. `run_end` is the one way any run ends."""
+
+from typing import Any, Iterable
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals_app.models import Approval, ApprovalStatus
+from approvals_app.services import approval_transition
+from engine.queue import run_enqueue
+from runs_app.models import TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
+from runs_app.services import run_create, run_transition, step_transition
+from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
+from sessions_app.services import messages_append, session_lock
+from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
+from tools_app.selectors import applied_effects, writes_in_doubt
+from tools_app.services import tool_call_message, tool_call_transition
+
+
+class WriteInDoubt(RuntimeError):
+    """A run may not fail or be cancelled while one of its writes may have reached the
+    downstream system unrecorded: it is recovered and reconciled first (SPEC §9, §10)."""
+
+
+def run_start(*, session: Session, content: str, acting_user, budgets=None, provider_options=None) -> tuple[Run, Message]:
+    """A new queued run whose first message is the user's `content`, enqueued after commit.
+    The caller holds the session lock; the database's partial unique index refuses a second
+    active run in the session whatever happens."""
+    run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options)
+    (message,) = messages_append(session_id=session.pk, messages=[Message(role=MessageRole.USER, content=content, run=run)])
+    run_enqueue(run.id)
+    return run, message
+
+
+def run_start_next(*, session_id) -> Run | None:
+    """After a run ends, the oldest unconsumed input (queued, or arrived too late for the run)
+    starts the next run, in arrival order — in the same transaction as the end, so an input can
+    never fall between two runs."""
+    pending = (
+        PendingInput.objects.select_for_update().filter(session_id=session_id, consumed_at__isnull=True).order_by("id").first()
+    )
+    if pending is None:
+        return None
+    session = Session.objects.get(pk=session_id)
+    run, message = run_start(session=session, content=pending.content, acting_user=pending.submitted_by)
+    PendingInput.objects.filter(pk=pending.pk).update(
+        consumed_at=timezone.now(), consumed_by=run, disposition=InputDisposition.NEW_RUN,
+        resolved_mode=pending.resolved_mode or pending.mode, message=message,
+    )
+    return run
+
+
+def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | None = None) -> bool:
+    """Wake a suspended run (approval decided, reconciliation done, backoff over): it goes back
+    to the queue — the same run, never a new one — and a worker is asked for after commit."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
+            return False
+        run_transition(run=run, to=RunStatus.QUEUED, event_payload={"resumed_from": run.wait_reason, **(event_payload or {})})
+        run_enqueue(run.id)
+    return True
+
+
+def run_end(
+    *,
+    run: Run,
+    to: str,
+    lease_token: int | None,
+    error_code: str = "",
+    error_detail: str = "",
+    changes: dict[str, Any] | None = None,
+    events_before: Iterable[tuple[str, dict]] = (),
+) -> bool:
+    """End `run` as completed, failed or cancelled — the one way any run ends. One transaction:
+    the session's lock (taken before the run's row, as posting input takes it, so input posted
+    at this moment either sees the run ended or is seen here), everything that will never start
+    closed (a failed or cancelled run), the terminal transition with the writes that took
+    effect, and the next run started from pending input. False when the run had already moved
+    on (someone else ended it, or the lease is gone without `lease_token`)."""
+    if to not in TERMINAL_STATUSES:
+        raise ValueError(f"run_end ends runs; {to!r} is not a terminal status")
+    values: dict[str, Any] = dict(changes or {})
+    payload: dict[str, Any] = {}
+    with transaction.atomic():
+        session_lock(session_id=run.session_id)
+        if to != RunStatus.COMPLETED:
+            if writes_in_doubt(run_id=run.id).exists():
+                raise WriteInDoubt(f"run {run.id} has a write in doubt; it is reconciled before the run ends")
+            _close_unstarted(run=run, lease_token=lease_token, ending=to)
+            payload["applied_effects"] = applied_effects(run_id=run.id)
+        if to == RunStatus.FAILED:
+            values |= {"error_code": error_code, "error_detail": error_detail[:2000]}
+        if to == RunStatus.CANCELLED:
+            payload["reason"] = run.cancel_reason
+        ended = run_transition(run=run, to=to, lease_token=lease_token, event_payload=payload,
+                               events_before=events_before, **values)
+        if ended:
+            run_start_next(session_id=run.session_id)
+    return ended
+
+
+def _close_unstarted(*, run: Run, lease_token: int | None, ending: str) -> None:
+    """A run is ending early: open approval requests are withdrawn (nobody decided them, so
+    they are neither rejected in the name of whoever cancelled nor expired), calls that never
+    started are cancelled with tool messages (the history holds no dangling call), running
+    steps are discarded."""
+    code = "run_cancelled" if ending == RunStatus.CANCELLED else "run_failed"
+    why = "the run was cancelled" if ending == RunStatus.CANCELLED else "the run failed"
+    withdrawn_by = run.cancel_requested_by if ending == RunStatus.CANCELLED else None
+    for approval in Approval.objects.filter(run_id=run.id, status=ApprovalStatus.PENDING):
+        approval_transition(approval=approval, to=ApprovalStatus.WITHDRAWN, decided_by=withdrawn_by,
+                            note=code.replace("_", " "), lease_token=lease_token)
+    closed = []
+    for call in ToolCall.objects.filter(run_id=run.id, status__in=[ToolCallStatus.PENDING, ToolCallStatus.RUNNING]):
+        if call.status == ToolCallStatus.RUNNING and call.effect == ToolEffect.WRITE:
+            continue  # unreachable past run_end's check; never pretend a started write did not start
+        if tool_call_transition(tool_call=call, to=ToolCallStatus.CANCELLED, lease_token=lease_token, announce=True,
+                                error_code=code, error_detail=f"{why} before this call started"):
+            closed.append(call)
+    if closed:
+        messages_append(session_id=run.session_id, messages=[tool_call_message(c) for c in closed])
+    for step in Step.objects.filter(run_id=run.id, status=StepStatus.RUNNING):
+        step_transition(step=step, to=StepStatus.DISCARDED, lease_token=lease_token, discard_reason=code.replace("_", " "))

@@ -1,0 +1,20 @@
+"""Asking for a worker. The queue only delivers (PITFALLS.md, django-q2): duplicate or lost
+deliveries are harmless because a run's lease, not the queue, decides who works on it."""
+
+from django.db import transaction
+from django_q.tasks import async_task
+
+# The task entry points (engine/tasks.py), by the dotted path django-q2 stores in its rows.
+ADVANCE_RUN_TASK = "engine.tasks.advance_run"
+SWEEP_TASK = "engine.tasks.sweep"
+
+
+def run_enqueue_now(run_id) -> None:
+    run_id = str(run_id)
+    async_task(ADVANCE_RUN_TASK, run_id, task_name=f"run-{run_id}"[:100])
+
+
+def run_enqueue(run_id) -> None:
+    """Ask a worker to drive the run, after the current transaction commits (a worker must
+    never look for a run that is not committed yet)."""
+    transaction.on_commit(lambda: run_enqueue_now(run_id))

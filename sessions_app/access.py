@@ -1,0 +1,218 @@
+"""Who may see and do what — the one access policy every surface asks (API, console pages and
+socket, the admin desk, the engine's actions).
+
+Everything a user owns hangs off their sessions, so the rule starts there: everyone sees and
+acts on what belongs to their own sessions. Operators' extra powers come from permissions, never
+from being staff:
+
+  runs_app.view_run               read any run (its steps, events, tool calls, approvals) and the
+                                  session it belongs to (a run's steps already show its history)
+  runs_app.change_run             cancel any run (and so read it)
+  sessions_app.view_session       read any session (its history and pending input), not its runs
+  approvals_app.decide_approval   see and decide operator-level approvals, never in one's own session
+  tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown
+
+Inactive and anonymous users may do nothing. The admin is the operators' desk: Django admits
+only active staff to it, and inside it asks this module like every other surface.
+"""
+
+from django.conf import settings
+from django.db.models import IntegerField, Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.lookups import Exact
+
+from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
+from runs_app.models import Run
+from sessions_app.models import Session
+from tools_app.models import ToolCall, ToolCallStatus
+
+VIEW_ANY_RUN = "runs_app.view_run"
+CANCEL_ANY_RUN = "runs_app.change_run"
+VIEW_ANY_SESSION = "sessions_app.view_session"
+DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
+RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
+
+
+def is_active(user) -> bool:
+    return user is not None and user.is_authenticated and user.is_active
+
+
+def operator_powers(user) -> dict[str, bool]:
+    """What the caller's permissions add to their own sessions (GET /me, the console's header)."""
+    return {
+        "view_any_run": reads_any_run(user),
+        "cancel_any_run": is_active(user) and user.has_perm(CANCEL_ANY_RUN),
+        "view_any_session": reads_any_session(user),
+        "decide_operator_approvals": is_active(user) and user.has_perm(DECIDE_OPERATOR_APPROVALS),
+        "reconcile_tool_calls": is_active(user) and user.has_perm(RECONCILE_TOOL_CALLS),
+    }
+
+
+def _owns(user, session_owner_id) -> bool:
+    return is_active(user) and session_owner_id == user.pk
+
+
+# --- sessions ----------------------------------------------------------------------------------
+
+
+def reads_any_session(user) -> bool:
+    return is_active(user) and (user.has_perm(VIEW_ANY_SESSION) or reads_any_run(user))
+
+
+def visible_sessions(*, user) -> QuerySet[Session]:
+    if not is_active(user):
+        return Session.objects.none()
+    if reads_any_session(user):
+        return Session.objects.all()
+    return Session.objects.filter(owner_id=user.pk)
+
+
+def can_see_session(*, user, session: Session) -> bool:
+    return _owns(user, session.owner_id) or reads_any_session(user)
+
+
+def can_post_in_session(*, user, session: Session) -> bool:
+    """Only the session's owner speaks in it; operators read, they never talk as the customer."""
+    return _owns(user, session.owner_id)
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+def reads_any_run(user) -> bool:
+    return is_active(user) and (user.has_perm(VIEW_ANY_RUN) or user.has_perm(CANCEL_ANY_RUN))
+
+
+def run_session_owner() -> RawSQL:
+    """The session's owner copied onto the run by a trigger (runs_app migration 0006): owner-scoped
+    pages filter and order by it, so they are range scans of run_owner_recent, not a walk over
+    every run."""
+    return RawSQL('"runs_app_run"."session_owner_id"', [], output_field=IntegerField())
+
+
+def visible_runs(*, user) -> QuerySet[Run]:
+    if not is_active(user):
+        return Run.objects.none()
+    if reads_any_run(user):
+        return Run.objects.all()
+    return Run.objects.filter(Exact(run_session_owner(), user.pk))
+
+
+def can_see_run(*, user, run: Run) -> bool:
+    return _owns(user, run.session.owner_id) or reads_any_run(user)
+
+
+def can_see_runs_of(*, user, session: Session) -> bool:
+    """Run visibility within a session is all or nothing: its owner's, or an operator's who reads any run."""
+    return _owns(user, session.owner_id) or reads_any_run(user)
+
+
+def cancels_any_run(user) -> bool:
+    return is_active(user) and user.has_perm(CANCEL_ANY_RUN)
+
+
+def can_cancel_run(*, user, run: Run, even_if_ended: bool = False) -> bool:
+    """The session's owner, or an operator with change_run; only while the run is active
+    (`even_if_ended`: whether they could, had it not ended — a refusal is then a conflict)."""
+    if run.is_terminal and not even_if_ended:
+        return False
+    return _owns(user, run.session.owner_id) or cancels_any_run(user)
+
+
+# --- approvals ---------------------------------------------------------------------------------
+
+
+def visible_approvals(*, user) -> QuerySet[Approval]:
+    """The approvals of the user's own runs; with decide_approval every operator-level one;
+    with the run read permission all of them."""
+    if not is_active(user):
+        return Approval.objects.none()
+    if reads_any_run(user):
+        return Approval.objects.all()
+    visible = Q(run__session__owner_id=user.pk)
+    if user.has_perm(DECIDE_OPERATOR_APPROVALS):
+        visible |= Q(policy=ApprovalPolicy.OPERATOR)
+    return Approval.objects.filter(visible)
+
+
+def can_see_approval(*, user, approval: Approval) -> bool:
+    if _owns(user, approval.run.session.owner_id) or reads_any_run(user):
+        return True
+    return is_active(user) and approval.policy == ApprovalPolicy.OPERATOR and user.has_perm(DECIDE_OPERATOR_APPROVALS)
+
+
+def decidable_approvals(*, user) -> Q:
+    """The query form of `can_decide_approval`: a queue page holds only what the caller may decide."""
+    if not is_active(user):
+        return Q(pk__in=[])
+    mine = Q(run__session__owner_id=user.pk)
+    decidable = Q(policy=ApprovalPolicy.USER) & mine
+    if user.has_perm(DECIDE_OPERATOR_APPROVALS):
+        operator = Q(policy=ApprovalPolicy.OPERATOR)
+        decidable |= operator & ~mine if settings.WARDEN_FOUR_EYES else operator
+    return Q(status=ApprovalStatus.PENDING) & decidable
+
+
+def why_not_a_decider(*, user, approval: Approval) -> str:
+    """'' when `user` is someone who may decide `approval` (whatever its status now); otherwise
+    the reason, in words for the desk."""
+    if not is_active(user):
+        return "Sign in with an active account to decide."
+    owner_id = approval.run.session.owner_id
+    if approval.policy == ApprovalPolicy.USER:
+        return "" if user.pk == owner_id else "Only the customer whose session this is can confirm it."
+    if not user.has_perm(DECIDE_OPERATOR_APPROVALS):
+        return "Deciding needs the approvals_app.decide_approval permission."
+    if settings.WARDEN_FOUR_EYES and user.pk == owner_id:
+        return "Four eyes: you may not decide a request raised in your own session."
+    return ""
+
+
+def why_cannot_decide(*, user, approval: Approval) -> str:
+    """'' when `user` may decide `approval` now; otherwise the reason."""
+    if approval.status != ApprovalStatus.PENDING:
+        return f"Already {approval.status}."
+    return why_not_a_decider(user=user, approval=approval)
+
+
+def can_decide_approval(*, user, approval: Approval) -> bool:
+    return why_cannot_decide(user=user, approval=approval) == ""
+
+
+# --- tool calls --------------------------------------------------------------------------------
+
+
+def visible_tool_calls(*, user) -> QuerySet[ToolCall]:
+    """The calls of the user's own runs; with the reconcile permission also every unknown (or
+    reconciled) call — the operators' queue; with the run read permission all of them."""
+    if not is_active(user):
+        return ToolCall.objects.none()
+    if reads_any_run(user):
+        return ToolCall.objects.all()
+    visible = Q(run__session__owner_id=user.pk)
+    if user.has_perm(RECONCILE_TOOL_CALLS):
+        visible |= Q(status=ToolCallStatus.UNKNOWN) | ~Q(resolution="")
+    return ToolCall.objects.filter(visible)
+
+
+def can_see_tool_call(*, user, tool_call: ToolCall) -> bool:
+    if _owns(user, tool_call.run.session.owner_id) or reads_any_run(user):
+        return True
+    return can_reconcile(user=user) and (tool_call.status == ToolCallStatus.UNKNOWN or tool_call.resolution != "")
+
+
+def can_reconcile(*, user) -> bool:
+    """May work the unknown-calls queue at all (ask downstream again, record outcomes)."""
+    return is_active(user) and user.has_perm(RECONCILE_TOOL_CALLS)
+
+
+def why_cannot_reconcile(*, user, tool_call: ToolCall) -> str:
+    if not can_reconcile(user=user):
+        return "Reconciling needs the tools_app.reconcile_toolcall permission."
+    if tool_call.status != ToolCallStatus.UNKNOWN:
+        return f"This tool call is {tool_call.status}, not unknown; nothing to reconcile."
+    return ""
+
+
+def can_reconcile_tool_call(*, user, tool_call: ToolCall) -> bool:
+    return why_cannot_reconcile(user=user, tool_call=tool_call) == ""
