@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+from tests.support import event_contract
+
 _skipped: list[str] = []
 
 
@@ -29,3 +31,36 @@ def operator(db):
     user.user_permissions.add(*Permission.objects.filter(codename__in=["decide_approval"]))
     user.user_permissions.add(*Permission.objects.filter(codename__startswith="view_"))
     return user
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _events_match_their_contract(django_db_setup, django_db_blocker):
+    """Every RunEvent the suite's runs emit — here or in the worker processes tests start — has a
+    type and payload fields that docs/EVENTS.md documents; otherwise the session ends in an error."""
+    from django.db import connection
+
+    from runs_app.models import RunEvent
+
+    seen: dict[str, set[str]] = {}
+    manager = RunEvent.objects
+    original = manager.bulk_create
+
+    def recording_bulk_create(objs, *args, **kwargs):
+        objs = list(objs)
+        for event in objs:
+            seen.setdefault(event.type, set()).update(event.payload or {})
+        return original(objs, *args, **kwargs)
+
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            cursor.execute(event_contract.INSTALL_TRIGGER)
+    manager.bulk_create = recording_bulk_create
+    yield
+    manager.bulk_create = original
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            for kind, fields in event_contract.seen_in_database(cursor).items():
+                seen.setdefault(kind, set()).update(fields)
+    problems = event_contract.undocumented(seen)
+    if problems:
+        pytest.fail("docs/EVENTS.md does not cover what the runs emitted:\n  " + "\n  ".join(problems), pytrace=False)

@@ -85,7 +85,7 @@ class RunEventFactory(factory.django.DjangoModelFactory):
 
     run = factory.SubFactory(RunFactory)
     seq = factory.Sequence(lambda n: n + 1)
-    type = "note"
+    type = "input_queued"
 
 
 class ToolCallFactory(factory.django.DjangoModelFactory):

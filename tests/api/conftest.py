@@ -108,7 +108,7 @@ class World:
 
 def _with_events(run: Run, *types: str) -> Run:
     for seq, kind in enumerate(types, start=1):
-        RunEventFactory(run=run, seq=seq, type=kind, payload={"n": seq})
+        RunEventFactory(run=run, seq=seq, type=kind, payload={"status": f"s{seq}"})
     Run.objects.filter(pk=run.pk).update(event_seq=len(types))
     run.refresh_from_db()
     return run

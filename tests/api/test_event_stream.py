@@ -45,7 +45,7 @@ def test_stream_of_a_finished_run_replays_every_event_then_ends(world, alice_api
     assert chunks[0] == "retry: 2000\n\n"
     assert event_ids(chunks) == [1, 2, 3, 4]
     assert chunks[1].startswith("id: 1\nevent: run_status\ndata: {")
-    assert '"payload":{"n":1}' in chunks[1]
+    assert '"payload":{"status":"s1"}' in chunks[1]
     assert chunks[-1] == 'event: end\ndata: {"status": "completed"}\n\n'
 
 

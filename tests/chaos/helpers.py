@@ -1,7 +1,8 @@
 from approvals_app.models import Approval, ApprovalStatus
-from approvals_app.services import approval_decide
+from engine.actions.approvals import approval_decide
 from runs_app.models import TERMINAL_STATUSES, Run, RunEvent, RunStatus, WaitReason
-from sessions_app.services import message_post, session_create
+from engine.actions.messages import message_post
+from sessions_app.services import session_create
 from tests.factories import UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 

@@ -3,7 +3,7 @@
 import pytest
 
 from approvals_app.models import Approval, ApprovalStatus
-from runs_app.engine.cancel import run_cancel_request
+from engine.actions.cancel import run_cancel_request
 from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepStatus
 from sessions_app.models import MessageRole
 from tests.chaos.helpers import approve_pending, post, seqs_gap_free

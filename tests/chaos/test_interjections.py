@@ -7,7 +7,8 @@ import pytest
 
 from runs_app.models import ACTIVE_STATUSES, Run, RunEvent, RunStatus
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
-from sessions_app.services import message_post, session_create
+from engine.actions.messages import message_post
+from sessions_app.services import session_create
 from tests.chaos.helpers import all_terminal
 from tests.factories import UserFactory
 from tests.support.processes import wait_for
@@ -100,7 +101,7 @@ def test_an_intent_switch_while_waiting_for_approval_cancels_at_once(transaction
     from django.test import override_settings
 
     from approvals_app.models import Approval, ApprovalStatus
-    from runs_app.engine.loop import run_drive
+    from engine.loop import run_drive
 
     call_command("seed_demo", verbosity=0)
     user = UserFactory()

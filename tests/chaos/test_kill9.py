@@ -24,7 +24,7 @@ def _refund(run) -> ToolCall:
 
 def _approve(operator, runs) -> None:
     from approvals_app.models import Approval, ApprovalStatus
-    from approvals_app.services import approval_decide
+    from engine.actions.approvals import approval_decide
 
     for approval in Approval.objects.filter(run__in=runs, status=ApprovalStatus.PENDING):
         approval_decide(approval=approval, decision="approve", note="chaos", acting_user=operator)

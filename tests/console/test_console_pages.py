@@ -12,7 +12,8 @@ from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from runs_app.models import Run, RunEvent, RunStatus, StepKind, StepStatus, WaitReason
 from runs_app.services import run_write
 from sessions_app.models import PendingInput
-from sessions_app.services import message_post, session_create
+from engine.actions.messages import message_post
+from sessions_app.services import session_create
 from tests.factories import TEST_PASSWORD, ApprovalFactory, RunFactory, StepFactory, ToolCallFactory, UserFactory
 from tools_app.models import ToolCallStatus, ToolEffect
 
@@ -186,7 +187,7 @@ def test_cancel_without_javascript_goes_through_the_cancel_protocol():
 
 
 def test_the_timeline_shows_where_the_time_went():
-    from sessions_app.views import duration_text, run_timeline
+    from sessions_app.console.timeline import duration_text, run_timeline
 
     owner = UserFactory()
     run = RunFactory(session=session_create(owner=owner), status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)

@@ -15,8 +15,9 @@ from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus, WaitReas
 from runs_app.providers.scripted import HELP_TEXT
 from runs_app.services import run_event_append
 from sessions_app.models import Message, MessageRole
-from sessions_app.services import message_post, session_create
-from tests.console.helpers import REDIS_TEST_URL, ConsoleSocket, open_socket, redis_layer, session_cookie
+from engine.actions.messages import message_post
+from sessions_app.services import session_create
+from tests.console.helpers import REDIS_TEST_URL, ConsoleSocket, open_socket, redis_layer, require_redis, session_cookie
 from tests.factories import ApprovalFactory, RunFactory, UserFactory
 from tests.support.processes import wait_for
 
@@ -168,12 +169,12 @@ def test_a_lost_doorbell_is_filled_from_the_event_log(procs):
         run = message_post(session=session, content="hello", acting_user=user).run
         console.until(lambda m: m["type"] == "events" and m["run_id"] == str(run.pk))
         with override_settings(CHANNEL_LAYERS={}):  # this event is committed but never announced
-            run_event_append(run_id=run.pk, kind="note", payload={"n": 1})
-        run_event_append(run_id=run.pk, kind="note", payload={"n": 2})
+            run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "1"})
+        run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "2"})
         console.until(lambda m: m["type"] == "events" and m["events"][-1]["seq"] == 3)
     assert console.seqs[str(run.pk)] == [1, 2, 3]
-    notes = [e["payload"] for m in console.received if m["type"] == "events" for e in m["events"] if e["type"] == "note"]
-    assert notes == [{"n": 1}, {"n": 2}]
+    notes = [e["payload"] for m in console.received if m["type"] == "events" for e in m["events"] if e["type"] == "input_queued"]
+    assert notes == [{"content": "1"}, {"content": "2"}]
 
 
 def test_streamed_text_goes_out_without_waiting_for_the_models_next_piece(procs):
@@ -220,8 +221,8 @@ def test_tool_call_fragments_arrive_in_order_once_each_with_their_offsets(procs)
         publish_delta(session_id=session.pk, run_id=run.pk, delta={
             "kind": "tool_call_delta", "step": 0, "index": 0, "id": "call_1", "name": "execute_refund", "offset": 0,
             "arguments": arguments[:8]})
-        run_event_append(run_id=run.pk, kind="note", payload={"fence": True})
-        console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "note")
+        run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "fence"})
+        console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "input_queued")
     fragments = [m["delta"] for m in console.received if m["type"] == "delta"]
     assert all(f["kind"] == "tool_call_delta" and f["name"] == "execute_refund" for f in fragments)
     assert [f["offset"] for f in fragments] == [len("".join(f["arguments"] for f in fragments[:i])) for i in range(len(fragments))]
@@ -279,10 +280,10 @@ def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(proc
            "arguments": "x" * 9000}
     publish_delta(session_id=session.pk, run_id=run.pk, delta=big)
     publish_delta(session_id=session.pk, run_id=run.pk, delta={**big, "offset": 9000, "arguments": "small"})
-    run_event_append(run_id=run.pk, kind="note", payload={"fence": True})
+    run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "fence"})
     for console in consoles:
         with console:
-            console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "note")
+            console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "input_queued")
         deltas = [m["delta"]["arguments"][:5] for m in console.received if m["type"] == "delta"]
         assert deltas == ["xxxxx", "small"], deltas
 
@@ -330,6 +331,7 @@ def layer_holds_group(layer: str, group: str) -> bool:
 @pytest.mark.parametrize("layer", ["postgres", "redis"])
 def test_workers_answer_reaches_the_client_live_through_each_layer(procs, demo_world, layer):
     if layer == "redis":
+        require_redis()
         procs.base_env["REDIS_URL"] = REDIS_TEST_URL
         switch = override_settings(CHANNEL_LAYERS=redis_layer())
     else:
@@ -369,6 +371,7 @@ def test_an_idle_console_on_redis_stays_connected(procs):
     its socket and its subscription (the core layer's 5 s waits once killed every quiet one)."""
     import time
 
+    require_redis()
     procs.base_env["REDIS_URL"] = REDIS_TEST_URL
     with override_settings(CHANNEL_LAYERS=redis_layer()):
         procs.start_web()

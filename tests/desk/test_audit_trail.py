@@ -6,7 +6,7 @@ from django.db import DatabaseError, transaction
 from django.urls import reverse
 
 from approvals_app.models import AuditEntry
-from approvals_app.services import approval_decide
+from engine.actions.approvals import approval_decide
 from tests.desk.conftest import csrf_client, csrf_token_of
 from tests.factories import AuditEntryFactory
 

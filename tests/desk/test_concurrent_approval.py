@@ -7,7 +7,8 @@ import pytest
 from django.db import connection
 
 from approvals_app.models import ApprovalStatus, AuditEntry
-from approvals_app.services import ApprovalAlreadyDecided, approval_decide
+from approvals_app.services import ApprovalAlreadyDecided
+from engine.actions.approvals import approval_decide
 from runs_app.models import RunEvent
 from tests.desk.conftest import staff_user
 

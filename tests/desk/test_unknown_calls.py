@@ -17,7 +17,7 @@ from sessions_app.models import Message, MessageRole
 from tests.desk.conftest import csrf_client, csrf_token_of, messages_of
 from tools_app import registry
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
-from tools_app.reconciliation import ReconcileError, tool_call_resolve
+from engine.actions.reconciliation import ReconcileError, tool_call_resolve
 from tools_app.registry import Reconciled
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,8 @@ from django.contrib.auth.models import Permission
 
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunStatus, WaitReason
-from sessions_app.services import message_post, session_create
+from engine.actions.messages import message_post
+from sessions_app.services import session_create
 from tests.engine.conftest import demo_world, procs  # noqa: F401 - the same real-process fixtures
 from tests.factories import TEST_PASSWORD, UserFactory
 from tests.support.processes import wait_for

@@ -3,7 +3,7 @@
 import pytest
 
 from approvals_app.models import ApprovalStatus
-from runs_app.engine.cancel import run_cancel_request
+from engine.actions.cancel import run_cancel_request
 from runs_app.models import RunEvent, RunStatus
 from tests.factories import ApprovalFactory, RunFactory, StepFactory, ToolCallFactory
 from tools_app.models import ToolCallStatus
@@ -42,8 +42,9 @@ def test_a_run_failed_at_its_deadline_withdraws_its_approval_and_closes_the_call
 
     from django.utils import timezone
 
-    from approvals_app.services import ApprovalAlreadyDecided, approval_decide
-    from runs_app.engine.sweeper import sweep_once
+    from approvals_app.services import ApprovalAlreadyDecided
+    from engine.actions.approvals import approval_decide
+    from engine.sweeper import sweep_once
     from runs_app.models import Run, RunErrorCode
     from sessions_app.models import Message, MessageRole
     from tests.factories import UserFactory
@@ -65,7 +66,7 @@ def test_a_run_failed_at_its_deadline_withdraws_its_approval_and_closes_the_call
 def test_applied_effects_list_a_write_once_even_when_the_model_asked_for_it_twice():
     from django.utils import timezone
 
-    from runs_app.engine.cancel import applied_effects
+    from tools_app.selectors import applied_effects
 
     run, approval = _waiting_for_approval()
     first = approval.tool_call

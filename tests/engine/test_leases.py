@@ -7,8 +7,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from runs_app.engine.lease import Heartbeat, run_claim
-from runs_app.engine.sweeper import sweep_once
+from engine.lease import Heartbeat, run_claim
+from engine.sweeper import sweep_once
 from runs_app.models import Run, RunEvent, RunStatus
 from runs_app.services import run_write
 from runs_app.transitions import LeaseLost
@@ -59,9 +59,9 @@ def test_a_revoked_lease_holder_can_write_nothing():
     events_before = RunEvent.objects.filter(run=run).count()
 
     with pytest.raises(LeaseLost), transaction.atomic():
-        run_write(run_id=run.id, changes={"model_calls": 99}, events=[("x", {})], lease_token=lease.token)
+        run_write(run_id=run.id, changes={"model_calls": 99}, events=[("input_queued", {})], lease_token=lease.token)
     with pytest.raises(LeaseLost):
-        tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token)
+        tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token, announce=True)
 
     assert ToolCall.objects.get(pk=call.pk).status == ToolCallStatus.PENDING
     stored = Run.objects.get(pk=run.pk)

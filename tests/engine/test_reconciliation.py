@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from tests.factories import RunFactory, StepFactory, ToolCallFactory
 from tools_app.models import ToolCall, ToolCallStatus
-from tools_app.reconciliation import tool_call_reconcile_auto
+from engine.actions.reconciliation import tool_call_reconcile_auto
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,7 +56,7 @@ def test_an_operators_query_is_permission_checked_and_audited(unknown_refund):
 
     from approvals_app.models import AuditEntry
     from tests.factories import UserFactory
-    from tools_app.reconciliation import ReconcileError
+    from engine.actions.reconciliation import ReconcileError
 
     outsider = UserFactory()
     with pytest.raises(ReconcileError) as refused:
@@ -74,7 +74,8 @@ def test_an_expired_request_can_no_longer_be_approved(transactional_db):
     from django.contrib.auth.models import Permission
 
     from approvals_app.models import Approval, ApprovalStatus
-    from approvals_app.services import ApprovalAlreadyDecided, approval_decide
+    from approvals_app.services import ApprovalAlreadyDecided
+    from engine.actions.approvals import approval_decide
     from tests.factories import ApprovalFactory, UserFactory
 
     approval = ApprovalFactory(expires_at=timezone.now() - timedelta(seconds=1))

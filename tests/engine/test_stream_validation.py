@@ -11,10 +11,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
-from runs_app.engine.loop import run_drive
-from runs_app.engine.sweeper import sweep_once
+from engine.loop import run_drive
+from engine.sweeper import sweep_once
 from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepStatus, WaitReason
-from sessions_app.services import message_post, session_create
+from engine.actions.messages import message_post
+from sessions_app.services import session_create
 from tests.factories import UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
@@ -163,7 +164,7 @@ def test_a_failing_read_is_retried_and_its_attempts_counted(sim):
 
 
 def test_the_same_refund_requested_twice_in_one_turn_is_booked_once(sim):
-    from approvals_app.services import approval_decide
+    from engine.actions.approvals import approval_decide
     from tests.factories import UserFactory as Users
     from tools_app.demo.selectors import sim_refund_count
 

@@ -9,7 +9,8 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunEvent, RunStatus, Step, WaitReason
 from sessions_app.models import MessageRole
-from sessions_app.services import message_post, session_create
+from engine.actions.messages import message_post
+from sessions_app.services import session_create
 from tests.factories import UserFactory
 from tests.support.processes import wait_for
 from tools_app.models import ToolCall, ToolCallStatus
@@ -136,7 +137,7 @@ def test_a_stalled_worker_resumed_after_takeover_writes_nothing(procs, demo_worl
     )
     procs.signal("stalled", signal.SIGCONT)
     wait_for(
-        lambda: Task.objects.filter(func="runs_app.tasks.advance_run", result="lease-lost").exists(),
+        lambda: Task.objects.filter(func__in=["engine.tasks.advance_run", "runs_app.tasks.advance_run"], result="lease-lost").exists(),
         timeout=90, message="the resumed worker to notice it lost the lease",
     )
     after = (
