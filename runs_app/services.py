@@ -173,7 +173,7 @@ def run_transition(
     payload = {"status": to, "phase": values["phase"], "wait_reason": values["wait_reason"], **(event_payload or {})}
     if to == RunStatus.FAILED:
         payload.update(error_code=values.get("error_code", ""), error_detail=values.get("error_detail", ""))
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # part of the caller's commit, if there is one
         written = run_write(
             run_id=run.id,
             changes=values,

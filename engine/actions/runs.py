@@ -83,7 +83,7 @@ def run_end(
         raise ValueError(f"run_end ends runs; {to!r} is not a terminal status")
     values: dict[str, Any] = dict(changes or {})
     payload: dict[str, Any] = {}
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # all or nothing with the caller's commit
         session_lock(session_id=run.session_id)
         if to != RunStatus.COMPLETED:
             if writes_in_doubt(run_id=run.id).exists():

@@ -22,6 +22,7 @@ def test_new_and_earlier_task_paths_resolve_to_the_same_entry_points():
     assert import_string("runs_app.tasks.sweep") is tasks.sweep
 
 
+@pytest.mark.django_db(transaction=True)  # a task manages its own connection, as in a worker
 def test_a_task_for_a_run_that_is_not_claimable_is_a_harmless_no_op():
     from tests.factories import RunFactory
 

@@ -3,6 +3,7 @@
 import itertools
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, WaitReason
@@ -74,7 +75,7 @@ def test_transition_from_a_stale_read_loses_and_writes_nothing():
 
 def test_a_stale_lease_token_raises_lease_lost_and_writes_nothing():
     run = _run_in(RunStatus.RUNNING)
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLost), transaction.atomic():  # a lost lease rolls back the caller's whole commit
         run_transition(run=run, to=RunStatus.COMPLETED, lease_token=run.lease_token + 1)
     assert Run.objects.get(pk=run.pk).status == RunStatus.RUNNING
 
