@@ -22,9 +22,11 @@ from pydantic_core import to_json
 from approvals_app.api import router as approvals_router
 from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalExpired, ApprovalNotPermitted
 from config.api_base import API_AUTH, ApiError
+from config.idempotency import idempotent
 from config.pagination import InvalidCursor
 from engine.actions.cancel import RunNotCancellable
 from engine.actions.reconciliation import ReconcileError
+from engine.actions.runs import RunNotRetryable
 from runs_app.api import router as runs_router
 from runs_app.transitions import IllegalTransition, LeaseLost
 from sessions_app.api import me_router
@@ -46,6 +48,10 @@ come from permissions: `runs_app.view_run` (read any run), `runs_app.change_run`
 run), `sessions_app.view_session` (read any session), `approvals_app.decide_approval` (see and
 decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls).
 Whatever you may not see answers 404.
+
+**Retries.** Send an `Idempotency-Key` header (1–255 characters, e.g. a UUID) with any POST: the
+same key and body again return the first response (with `Idempotent-Replayed: true`) and do
+nothing twice; the same key with a different body is a 409. Keys are kept for a day by default.
 
 **Errors** are JSON `{"code": "...", "message": "...", "fields": [...]}`; `code` is stable.
 """
@@ -70,7 +76,7 @@ class WardenAPI(NinjaAPI):
     def _get_urls(self):
         urls = super()._get_urls()
         for pattern in urls:
-            pattern.callback = _json_method_not_allowed(pattern.callback)
+            pattern.callback = idempotent(_json_method_not_allowed(pattern.callback))
         # Unknown paths under /api/v1/ get the JSON 404 too, not Django's HTML page.
         return [*urls, re_path(r"^.*$", _unknown_path)]
 
@@ -182,6 +188,11 @@ def _session_error(request, exc: SessionError):
 
 @api.exception_handler(RunNotCancellable)
 def _run_not_cancellable(request, exc: RunNotCancellable):
+    return _error(request, 409, exc.code, exc.message)
+
+
+@api.exception_handler(RunNotRetryable)
+def _run_not_retryable(request, exc: RunNotRetryable):
     return _error(request, 409, exc.code, exc.message)
 
 

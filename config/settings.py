@@ -178,10 +178,26 @@ WARDEN_MAX_MODEL_CALLS = _env_int("WARDEN_MAX_MODEL_CALLS", 20)
 WARDEN_MAX_TOKENS = _env_int("WARDEN_MAX_TOKENS", 200_000)
 # WARDEN_RUN_DEADLINE_SECONDS: default wall-clock limit of a run from its creation; default 3600.
 WARDEN_RUN_DEADLINE_SECONDS = _env_int("WARDEN_RUN_DEADLINE_SECONDS", 3600)
+# WARDEN_MODEL_MAX_OUTPUT_TOKENS: the output token limit a model call asks for (max_tokens); a run's
+# provider option `max_tokens` overrides it; default 1024.
+WARDEN_MODEL_MAX_OUTPUT_TOKENS = _env_int("WARDEN_MODEL_MAX_OUTPUT_TOKENS", 1024)
+# WARDEN_MODEL_MAX_OUTPUT_TOKENS_CEILING: after a length cut the limit doubles up to this; a cut at
+# it fails the run (model_output_truncated); default 8192.
+WARDEN_MODEL_MAX_OUTPUT_TOKENS_CEILING = _env_int("WARDEN_MODEL_MAX_OUTPUT_TOKENS_CEILING", 8192)
+# WARDEN_MAX_INVALID_OUTPUTS: model outputs rejected in a row (truncated, malformed) before the run
+# fails; from the second one on, each waits a growing backoff first; default 3.
+WARDEN_MAX_INVALID_OUTPUTS = _env_int("WARDEN_MAX_INVALID_OUTPUTS", 3)
 # WARDEN_MAX_MODEL_RETRIES: transient model errors tolerated per run before it fails; default 5.
 WARDEN_MAX_MODEL_RETRIES = _env_int("WARDEN_MAX_MODEL_RETRIES", 5)
 # WARDEN_RETRY_BASE_SECONDS: first backoff after a transient model error (doubles, with jitter); default 1.
 WARDEN_RETRY_BASE_SECONDS = float(os.environ.get("WARDEN_RETRY_BASE_SECONDS", 1))
+# WARDEN_INPUT_TTL_SECONDS: how long a run waits for the user to answer its question; default 3600.
+WARDEN_INPUT_TTL_SECONDS = _env_int("WARDEN_INPUT_TTL_SECONDS", 3600)
+# WARDEN_RETENTION_DAYS: sessions idle this many days are erased by `manage.py erase_sessions`
+# (archived first); unset: kept until someone runs it with --older-than or --user.
+WARDEN_RETENTION_DAYS = int(os.environ["WARDEN_RETENTION_DAYS"]) if os.environ.get("WARDEN_RETENTION_DAYS") else None
+# WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS: how long an API Idempotency-Key and its response are kept; default 86400.
+WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS = _env_int("WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS", 86_400)
 # WARDEN_APPROVAL_TTL_SECONDS: how long an approval request stays open; default 86400 (a day).
 WARDEN_APPROVAL_TTL_SECONDS = _env_int("WARDEN_APPROVAL_TTL_SECONDS", 86_400)
 # WARDEN_CONTEXT_TOKENS: token window of the model context built from history; default 8000.

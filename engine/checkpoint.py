@@ -61,6 +61,12 @@ def checkpoint_load(*, run_id, lease: Lease) -> Checkpoint:
     return cp
 
 
+def model_calls_used(run: Run) -> int:
+    """Model calls that count against the budget: every call made, less those a transient error
+    cut off (retried under WARDEN_MAX_MODEL_RETRIES instead)."""
+    return run.model_calls - run.model_retries
+
+
 def budget_left(run: Run) -> bool:
     """Whether the run may make another model call."""
-    return run.model_calls < run.max_model_calls and run.tokens_used < run.max_tokens
+    return model_calls_used(run) < run.max_model_calls and run.tokens_used < run.max_tokens

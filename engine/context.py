@@ -1,23 +1,37 @@
 """Model context is a transient slice of the immutable history (SPEC §4).
 
-Each model call gets the system prompt, a summary of older history if one is stored, and as
-many of the newest messages as fit the token window — never splitting an assistant's tool
-calls from the tool results that answer them. The step records which messages it saw.
+Each model call gets the system prompt, a summary of the older history when the history has
+outgrown the token window, and as many of the newest messages as fit — never splitting an
+assistant's tool calls from the tool results that answer them. Summaries are stored beside the
+history (ContextSummary), never instead of it, and made by the run's provider; each step records
+exactly which messages and which summary it saw (`context_manifest`).
+
+The cost is proportional to the window, not to the history: the newest messages are read page by
+page from the end, and a new summary folds only what the last one did not cover.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 
 from runs_app.models import ContextSummary
-from sessions_app.models import Message, MessageRole
+from runs_app.providers.base import SUPPLEMENT_NOTE, Provider
+from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput
 
 SYSTEM_PROMPT = (
     "You are Warden's customer-service agent. You can look up orders, user levels and the "
     "weather, and request refunds. Refunds are executed only after a human approves them; "
-    "never claim a refund is approved or done unless a tool result says so."
+    "never claim a refund is approved or done unless a tool result says so. When you need "
+    "something only the user can tell you, ask with the ask_user tool."
 )
+SUMMARY_PREFIX = "Summary of the earlier conversation: "
+# Reading the newest messages back from the end, this many at a time.
+PAGE = 200
+# A new summary leaves this share of the window to recent messages, so the next calls fit
+# without summarizing again at once.
+RECENT_SHARE_AFTER_SUMMARY = 0.5
 
 
 def estimate_tokens(text: str) -> int:
@@ -27,7 +41,10 @@ def estimate_tokens(text: str) -> int:
 def message_to_openai(message: Message) -> dict:
     if message.role == MessageRole.TOOL:
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
-    entry: dict = {"role": message.role, "content": message.content}
+    content = message.content
+    if getattr(message, "is_supplement", False):
+        content = SUPPLEMENT_NOTE + content
+    entry: dict = {"role": message.role, "content": content}
     if message.tool_calls:
         entry["tool_calls"] = [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
@@ -36,68 +53,117 @@ def message_to_openai(message: Message) -> dict:
     return entry
 
 
+def _cost(block: list[Message]) -> int:
+    return sum(estimate_tokens(m.content) + (estimate_tokens(json.dumps(m.tool_calls)) if m.tool_calls else 0) for m in block)
+
+
 @dataclass
 class BuiltContext:
     messages: list[dict]
     manifest: dict
+    # Tokens the provider reported for making a summary now (charged to the run).
+    summary_tokens: int = 0
 
 
-def _blocks(messages: list[Message]) -> list[list[Message]]:
-    """Group an assistant message with the tool messages answering it: they fit together or not at all."""
-    blocks: list[list[Message]] = []
-    for message in messages:
-        if message.role == MessageRole.TOOL and blocks and blocks[-1][0].tool_calls:
-            blocks[-1].append(message)
-        else:
-            blocks.append([message])
-    return blocks
+@dataclass
+class _Newest:
+    """Blocks of history read from the end: kept while they fit."""
+
+    blocks: list[list[Message]] = field(default_factory=list)  # newest first
+    reached_floor: bool = False
 
 
-def context_build(*, session_id, window_tokens: int | None = None) -> BuiltContext:
-    window = window_tokens or settings.WARDEN_CONTEXT_TOKENS
-    history = list(
+def _history(session_id):
+    supplement = PendingInput.objects.filter(message=OuterRef("pk"), disposition=InputDisposition.SUPPLEMENTED)
+    return (
         Message.objects.filter(session_id=session_id)
         .only("seq", "role", "content", "tool_calls", "tool_call_id")
-        .order_by("seq")
+        .annotate(is_supplement=Exists(supplement))
     )
+
+
+def _newest_blocks(*, session_id, after_seq: int, budget: int) -> _Newest:
+    """The newest blocks with seq > after_seq that fit in `budget` tokens, read page by page."""
+    found = _Newest()
+    pending_tools: list[Message] = []
+    before = None
+    while True:
+        page = _history(session_id).filter(seq__gt=after_seq)
+        if before is not None:
+            page = page.filter(seq__lt=before)
+        rows = list(page.order_by("-seq")[:PAGE])
+        for message in rows:
+            if message.role == MessageRole.TOOL:
+                pending_tools.append(message)
+                continue
+            block = [message, *reversed(pending_tools)] if message.tool_calls else [message]
+            orphans = [] if message.tool_calls else [[tool] for tool in pending_tools]
+            pending_tools = []
+            for candidate in [*orphans, block]:
+                cost = _cost(candidate)
+                if cost > budget and found.blocks:
+                    return found
+                found.blocks.append(candidate)
+                budget -= cost
+        if len(rows) < PAGE:
+            found.blocks.extend([tool] for tool in pending_tools)
+            found.reached_floor = True
+            return found
+        before = rows[-1].seq
+
+
+def context_build(*, session_id, provider: Provider | None = None, window_tokens: int | None = None) -> BuiltContext:
+    """The messages for the next model call. With `provider`, an older part that no longer fits
+    is summarized (once) and stored; without one (classifying input), it is left out."""
+    window = window_tokens or settings.WARDEN_CONTEXT_TOKENS
     budget = window - estimate_tokens(SYSTEM_PROMPT)
-    chosen: list[list[Message]] = []
-    for block in reversed(_blocks(history)):
-        cost = sum(estimate_tokens(m.content) + estimate_tokens(json.dumps(m.tool_calls)) for m in block)
-        if cost > budget and chosen:
-            break
-        chosen.append(block)
-        budget -= cost
-    chosen.reverse()
-    kept = [m for block in chosen for m in block]
-    first_kept_seq = kept[0].seq if kept else None
-    summary = None
-    if first_kept_seq is not None and first_kept_seq > 1:
-        summary = (
-            ContextSummary.objects.filter(session_id=session_id, covers_through_seq__lt=first_kept_seq)
-            .order_by("-covers_through_seq")
-            .first()
-        )
+    summary = ContextSummary.objects.filter(session_id=session_id).order_by("-covers_through_seq").first()
+    covered = summary.covers_through_seq if summary else 0
+    summary_cost = estimate_tokens(SUMMARY_PREFIX + summary.content) if summary else 0
+    newest = _newest_blocks(session_id=session_id, after_seq=covered, budget=budget - summary_cost)
+    summary_tokens = 0
+    made_now = False
+    if not newest.reached_floor and provider is not None:
+        # The history outgrew the window past what the summary covers: fold the older part in.
+        recent = _newest_blocks(session_id=session_id, after_seq=covered, budget=int(budget * RECENT_SHARE_AFTER_SUMMARY))
+        first_recent = recent.blocks[-1][0].seq if recent.blocks else covered + 1
+        summary, summary_tokens = _summarize(session_id=session_id, previous=summary, through_seq=first_recent - 1,
+                                             provider=provider, window=window)
+        made_now = True
+        covered = summary.covers_through_seq
+        summary_cost = estimate_tokens(SUMMARY_PREFIX + summary.content)
+        newest = _newest_blocks(session_id=session_id, after_seq=covered, budget=budget - summary_cost)
+    kept = [message for block in reversed(newest.blocks) for message in block]
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
-    if summary is not None:
-        messages.append({"role": "system", "content": f"Summary of earlier conversation: {summary.content}"})
+    if summary is not None and covered:
+        messages.append({"role": "system", "content": SUMMARY_PREFIX + summary.content})
     messages += [message_to_openai(m) for m in kept]
+    first_kept = kept[0].seq if kept else covered + 1
     manifest = {
         "message_seqs": [m.seq for m in kept],
-        "omitted_before_seq": first_kept_seq if first_kept_seq and first_kept_seq > 1 else None,
-        "summary_through_seq": summary.covers_through_seq if summary else None,
+        "omitted_before_seq": first_kept if first_kept > covered + 1 else None,
+        "summary_id": summary.pk if summary is not None and covered else None,
+        "summary_through_seq": covered or None,
+        "summary_made_now": made_now,
         "window_tokens": window,
+        "estimated_tokens": estimate_tokens(SYSTEM_PROMPT) + (summary_cost if covered else 0) + sum(_cost([m]) for m in kept),
     }
-    return BuiltContext(messages=messages, manifest=manifest)
+    return BuiltContext(messages=messages, manifest=manifest, summary_tokens=summary_tokens)
 
 
-def context_summarize(*, session_id, through_seq: int) -> ContextSummary:
-    """Store an extractive summary of history up to `through_seq` beside the history."""
-    lines = []
-    for message in Message.objects.filter(session_id=session_id, seq__lte=through_seq).order_by("seq"):
-        if message.role in (MessageRole.USER, MessageRole.ASSISTANT) and message.content:
-            lines.append(f"{message.role}: {message.content[:160]}")
+def _summarize(*, session_id, previous: ContextSummary | None, through_seq: int, provider: Provider,
+               window: int) -> tuple[ContextSummary, int]:
+    """A summary of the history up to `through_seq`: the previous summary with the messages it
+    did not cover folded in, by the provider. Stored beside the history; a concurrent worker's
+    identical summary is reused."""
+    existing = ContextSummary.objects.filter(session_id=session_id, covers_through_seq=through_seq).first()
+    if existing is not None:
+        return existing, 0
+    start = previous.covers_through_seq if previous else 0
+    folded = [message_to_openai(m) for m in _history(session_id).filter(seq__gt=start, seq__lte=through_seq).order_by("seq")]
+    made = provider.summarize(previous=previous.content if previous else "", messages=folded,
+                              max_tokens=max(64, window // 4))
     summary, _ = ContextSummary.objects.get_or_create(
-        session_id=session_id, covers_through_seq=through_seq, defaults={"content": " | ".join(lines)[-4000:]}
+        session_id=session_id, covers_through_seq=through_seq, defaults={"content": made.text[:20_000]}
     )
-    return summary
+    return summary, made.input_tokens + made.output_tokens

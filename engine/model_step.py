@@ -12,7 +12,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from engine.actions.runs import run_end
-from engine.checkpoint import Checkpoint, RunFailure, StopDriving
+from engine.checkpoint import Checkpoint, RunFailure, StopDriving, model_calls_used
 from engine.context import context_build
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
@@ -57,9 +57,28 @@ class StreamResult:
     output_tokens: int = 0
     aborted: str = ""  # "cancel" when the stream was cut short on purpose
 
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class _StreamBroken(Exception):
+    """A provider error mid-stream, with what the stream had delivered (its tokens count)."""
+
+    def __init__(self, error: Exception, result: StreamResult):
+        super().__init__(str(error))
+        self.error = error
+        self.result = result
+
+
+def output_token_limit(run: Run) -> int:
+    """The max_tokens the next model call asks for: the run's (grown after a length cut), else
+    the run's provider options', else the setting."""
+    return run.max_output_tokens or int((run.provider_options or {}).get("max_tokens") or settings.WARDEN_MODEL_MAX_OUTPUT_TOKENS)
+
 
 def _budget_check(run: Run) -> None:
-    if run.model_calls >= run.max_model_calls:
+    if model_calls_used(run) >= run.max_model_calls:
         raise RunFailure(RunErrorCode.MODEL_CALL_BUDGET, f"used all {run.max_model_calls} model calls")
     if run.tokens_used >= run.max_tokens:
         raise RunFailure(RunErrorCode.TOKEN_BUDGET, f"used {run.tokens_used} of {run.max_tokens} tokens")
@@ -95,15 +114,32 @@ def _running(phase: str) -> dict:
     return {"status": RunStatus.RUNNING, "phase": phase, "wait_reason": ""}
 
 
-def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step | None = None) -> None:
+def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step | None = None,
+                       result: StreamResult | None = None, manifest: dict | None = None,
+                       changes: dict | None = None) -> None:
+    """Throw a model step's output away. Whatever tokens the server reported for it are charged
+    all the same: rejected output is paid for."""
     step = step or cp.latest_step
+    run = cp.run
+    tokens = result.tokens if result is not None else 0
+    values = dict(changes or {})
+    if tokens:
+        values["tokens_used"] = run.tokens_used + tokens
     with transaction.atomic():
         run_write(
-            run_id=cp.run.id,
+            run_id=run.id,
+            changes=values,
             events=[(RunEventType.STEP_DISCARDED, {"step": step.index, "reason": reason, "previous_lease_token": step.lease_token})],
             lease_token=lease.token,
         )
-        step_transition(step=step, to=StepStatus.DISCARDED, lease_token=lease.token, discard_reason=reason[:300])
+        step_transition(
+            step=step, to=StepStatus.DISCARDED, lease_token=lease.token, discard_reason=reason[:300],
+            **({"input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
+                "finish_reason": result.finish_reason[:32], "streamed_text": result.text} if result is not None else {}),
+            **({"context_manifest": manifest} if manifest is not None else {}),
+        )
+    for field_name, value in values.items():
+        setattr(run, field_name, value)
 
 
 def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | None:
@@ -117,39 +153,83 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
     if not own_open_step:
         _budget_check(run)
         step = model_step_open(run=run, lease=lease, close_tools_step=cp.tools_step)
-    built = context_build(session_id=run.session_id)
+    provider = get_provider(run.provider)
+    built = context_build(session_id=run.session_id, provider=provider)
+    if built.summary_tokens:
+        _charge(run=run, lease=lease, tokens=built.summary_tokens)
     request = ModelRequest(
         messages=built.messages,
         tools=tool_schemas(),
         run_id=str(run.id),
         call_index=run.model_calls - 1,
         options=run.provider_options or {},
+        max_output_tokens=output_token_limit(run),
     )
-    provider = get_provider(run.provider)
     try:
         result = _stream(provider=provider, request=request, run=run, step=step, heartbeat=heartbeat)
-    except TransientModelError as error:
-        return _backoff(run=run, lease=lease, step=step, error=error)
-    except PermanentModelError as error:
-        _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"model error: {error}")
-        raise RunFailure(RunErrorCode.MODEL_ERROR, f"{error} (status {error.status})") from error
+    except _StreamBroken as broken:
+        if isinstance(broken.error, PermanentModelError):
+            _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"model error: {broken.error}",
+                        result=broken.result, run=run)
+            raise RunFailure(RunErrorCode.MODEL_ERROR, f"{broken.error} (status {broken.error.status})") from broken.error
+        return _backoff(run=run, lease=lease, step=step, error=broken.error, result=broken.result)
     if result.aborted:
-        model_step_discard(cp=cp, lease=lease, reason=f"stream aborted: {result.aborted}", step=step)
+        model_step_discard(cp=cp, lease=lease, reason=f"stream aborted: {result.aborted}", step=step, result=result,
+                           manifest=built.manifest)
         return None
     problem = _validate(result)
     if problem:
-        model_step_discard(cp=cp, lease=lease, reason=problem, step=step)
-        if run.model_calls >= run.max_model_calls:
-            raise RunFailure(RunErrorCode.INVALID_OUTPUT, f"the model's last output was rejected: {problem}")
-        return None
+        return _rejected(cp=cp, lease=lease, step=step, result=result, problem=problem, manifest=built.manifest,
+                         limit=request.max_output_tokens)
     return _commit_turn(run=run, lease=lease, step=step, result=result, manifest=built.manifest)
+
+
+def _charge(*, run: Run, lease: Lease, tokens: int) -> None:
+    with transaction.atomic():
+        run_write(run_id=run.id, changes={"tokens_used": run.tokens_used + tokens}, lease_token=lease.token)
+    run.tokens_used += tokens
+
+
+def _rejected(*, cp: Checkpoint, lease: Lease, step: Step, result: StreamResult, problem: str, manifest: dict,
+              limit: int) -> str | None:
+    """The output must not be acted on (SPEC §3): discard it (its tokens charged) and ask again —
+    with a larger output limit after a length cut, at once the first time, after a growing
+    backoff when rejections repeat — or fail early: the same rejection twice in a row, too many
+    in a row, a length cut at the largest limit, or no model calls left."""
+    run = cp.run
+    rejections = run.invalid_outputs + 1
+    changes: dict = {"invalid_outputs": rejections}
+    repeated = step.index > 0 and Step.objects.filter(
+        run_id=run.id, index__lt=step.index, kind=StepKind.MODEL).order_by("-index").values_list(
+        "discard_reason", flat=True).first() == problem[:300]
+    if result.finish_reason == "length":
+        ceiling = settings.WARDEN_MODEL_MAX_OUTPUT_TOKENS_CEILING
+        if limit >= ceiling:
+            model_step_discard(cp=cp, lease=lease, reason=problem, step=step, result=result, manifest=manifest)
+            raise RunFailure(RunErrorCode.OUTPUT_TRUNCATED,
+                             f"the model's answer did not fit in {limit} output tokens (the largest limit allowed)")
+        changes["max_output_tokens"] = min(limit * 2, ceiling)
+        repeated = False  # asked again with a larger limit: not the same request
+    model_step_discard(cp=cp, lease=lease, reason=problem, step=step, result=result, manifest=manifest, changes=changes)
+    if repeated or rejections >= settings.WARDEN_MAX_INVALID_OUTPUTS or model_calls_used(run) >= run.max_model_calls:
+        why = "the same output was rejected twice in a row" if repeated else f"{rejections} outputs in a row were rejected"
+        raise RunFailure(RunErrorCode.INVALID_OUTPUT, f"{why}; the last: {problem}")
+    if rejections >= 2:
+        return _wait_before_asking_again(run=run, lease=lease, retries=rejections - 1, why=f"rejected output: {problem}")
+    return None
 
 
 def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat: Heartbeat) -> StreamResult:
     result = StreamResult()
     out = StepDeltas(session_id=run.session_id, run_id=run.id, step=step.index)
     heartbeat.streaming(step_id=step.pk, text_getter=lambda: result.text)
-    events = provider.stream(request)
+    slots = _CallSlots()
+    try:
+        events = provider.stream(request)
+    except (TransientModelError, PermanentModelError) as error:
+        heartbeat.streaming(step_id=None, text_getter=None)
+        out.abandon()
+        raise _StreamBroken(error, result) from error
     try:
         for event in events:
             if heartbeat.lease_lost.is_set():
@@ -162,18 +242,22 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
                 if out.text(result.text):
                     fault_point("mid_model_stream")
             elif isinstance(event, ToolCallDelta):
-                call = result.calls.setdefault(event.index, ProposedCall(index=event.index))
+                index = slots.index_of(event)
+                call = result.calls.setdefault(index, ProposedCall(index=index))
                 call.id = call.id or (event.id or "")
                 call.name = call.name or (event.name or "")
                 call.arguments_text += event.arguments or ""
-                out.call(index=event.index, id=call.id, name=call.name, arguments=call.arguments_text)
+                out.call(index=index, id=call.id, name=call.name, arguments=call.arguments_text)
             elif isinstance(event, Usage):
                 result.input_tokens += event.input_tokens
                 result.output_tokens += event.output_tokens
             elif isinstance(event, Finish):
                 result.finish_reason = event.reason
+    except (TransientModelError, PermanentModelError) as error:
+        out.abandon()  # nothing more of this stream goes out
+        raise _StreamBroken(error, result) from error
     except BaseException:
-        out.abandon()  # lease lost, provider error: nothing more of this stream goes out
+        out.abandon()  # lease lost: nothing more of this stream goes out
         raise
     finally:
         close = getattr(events, "close", None)
@@ -182,6 +266,30 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
         heartbeat.streaming(step_id=None, text_getter=None)
     out.close(result.text)
     return result
+
+
+class _CallSlots:
+    """Which call of the turn a tool-call fragment belongs to. Servers that send no `index`
+    (older Ollama, Gemini's compatible endpoint) are told apart by the call id a new call's first
+    fragment carries; an id-less, index-less fragment continues the latest call."""
+
+    def __init__(self):
+        self._by_id: dict[str, int] = {}
+        self._latest: int | None = None
+
+    def index_of(self, delta: ToolCallDelta) -> int:
+        if delta.index is not None:
+            index = delta.index
+        elif delta.id and delta.id not in self._by_id:
+            index = max([*self._by_id.values(), -1 if self._latest is None else self._latest]) + 1
+        elif delta.id:
+            index = self._by_id[delta.id]
+        else:
+            index = self._latest if self._latest is not None else 0
+        if delta.id:
+            self._by_id.setdefault(delta.id, index)
+        self._latest = index
+        return index
 
 
 def _validate(result: StreamResult) -> str:
@@ -212,34 +320,55 @@ def _validate(result: StreamResult) -> str:
     return ""
 
 
-def _step_close(*, step: Step, lease: Lease, status: str, reason: str = "") -> None:
+def _step_close(*, step: Step, lease: Lease, status: str, reason: str = "", result: StreamResult | None = None,
+                run: Run | None = None) -> None:
     with transaction.atomic():
+        if result is not None and result.tokens and run is not None:
+            run_write(run_id=run.id, changes={"tokens_used": run.tokens_used + result.tokens}, lease_token=lease.token)
+            run.tokens_used += result.tokens
         step_transition(step=step, to=status, lease_token=lease.token, discard_reason=reason[:300])
 
 
-def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError) -> str:
-    """Transient model error: wait with exponential backoff and jitter, up to a limit."""
+def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError, result: StreamResult) -> str:
+    """Transient model error: the call does not count against the budget (it was never answered;
+    see `model_calls_used`) but the tokens the stream reported are charged; wait with
+    exponential backoff and jitter, up to a limit."""
     retries = run.model_retries + 1
     if retries > settings.WARDEN_MAX_MODEL_RETRIES:
-        _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"transient model error: {error}")
+        _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"transient model error: {error}",
+                    result=result, run=run)
         raise RunFailure(RunErrorCode.MODEL_RETRIES, f"{retries - 1} transient model errors; last: {error}")
+    return _wait_before_asking_again(
+        run=run, lease=lease, retries=retries, why=str(error), status_code=error.status, retry_after=error.retry_after,
+        changes={"model_retries": retries, "tokens_used": run.tokens_used + result.tokens},
+        failed_step=(step, {"discard_reason": f"transient: {error}"[:300], "input_tokens": result.input_tokens,
+                            "output_tokens": result.output_tokens}),
+    )
+
+
+def _wait_before_asking_again(*, run: Run, lease: Lease, retries: int, why: str, status_code: int | None = None,
+                              retry_after: float | None = None, changes: dict | None = None,
+                              failed_step: tuple[Step, dict] | None = None) -> str:
+    """Suspend the run in `waiting / retry_backoff` (one commit, with the failed step's close),
+    then end the task: the sweeper wakes the run when the backoff is over."""
     delay = settings.WARDEN_RETRY_BASE_SECONDS * (2 ** (retries - 1))
     delay = min(delay, 300) * random.uniform(0.8, 1.2)
-    if error.retry_after:
-        delay = max(delay, error.retry_after)
+    if retry_after:
+        delay = max(delay, retry_after)
     wake_at = timezone.now() + timedelta(seconds=delay)
     with transaction.atomic():
-        step_transition(step=step, to=StepStatus.FAILED, lease_token=lease.token, discard_reason=f"transient: {error}"[:300])
+        if failed_step is not None:
+            step_transition(step=failed_step[0], to=StepStatus.FAILED, lease_token=lease.token, **failed_step[1])
         run_transition(
             run=run,
             to=RunStatus.WAITING,
             wait_reason=WaitReason.RETRY_BACKOFF,
             lease_token=lease.token,
-            event_payload={"error": str(error), "status_code": error.status, "retry": retries, "wake_at": wake_at.isoformat()},
-            model_retries=retries,
+            event_payload={"error": why, "status_code": status_code, "retry": retries, "wake_at": wake_at.isoformat()},
             wait_type="timer",
             expires_at=wake_at,
             resume_target="model",
+            **(changes or {}),
         )
     raise StopDriving("retry-backoff")
 
@@ -270,7 +399,7 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
                  "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "tool_calls": len(calls)},
             )
         ]
-        changes = {"tokens_used": run.tokens_used + tokens}
+        changes = {"tokens_used": run.tokens_used + tokens, "invalid_outputs": 0}
         if not calls:
             # A final answer: the run completes in the same commit.
             run_end(run=run, to=RunStatus.COMPLETED, lease_token=lease.token, changes=changes, events_before=events)

@@ -13,13 +13,16 @@ from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
 from engine.actions.approvals import approval_expire
+from engine.actions.messages import input_wait_expire
 from engine.actions.reconciliation import tool_call_reconcile_auto
 from engine.actions.runs import run_end, run_resume
 from engine.queue import run_enqueue, run_enqueue_now
-from runs_app.models import Run, RunErrorCode, RunStatus, WaitReason
+from runs_app.models import DEADLINE_PAUSED_WAITS, Run, RunErrorCode, RunStatus, WaitReason
 from runs_app.services import run_transition
+from sessions_app.models import IdempotencyRecord
 from sessions_app.services import session_lock
 from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.registry import ASK_USER
 from tools_app.selectors import writes_in_doubt
 
 logger = logging.getLogger("warden.sweeper")
@@ -32,10 +35,12 @@ def sweep_once() -> dict:
         "leases_revoked": _revoke_expired_leases(now),
         "backoffs_woken": _wake_backoffs(now),
         "approvals_expired": _expire_approvals(now),
+        "questions_expired": _expire_questions(now),
         "waits_healed": _heal_waits(),
         "reconciled": _reconcile(now),
         "deadlines_failed": _fail_past_deadline(now),
         "requeued": _reenqueue_stale(now),
+        "idempotency_keys_purged": _purge_idempotency_keys(now),
     }
     if any(counts.values()):
         logger.info("sweep: %s", counts)
@@ -75,19 +80,29 @@ def _expire_approvals(now) -> int:
     return expired
 
 
+def _expire_questions(now) -> int:
+    due = Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.WAITING_INPUT, expires_at__lte=now)
+    return sum(input_wait_expire(run_id=run_id) for run_id in due.values_list("pk", flat=True)[:BATCH])
+
+
 def _heal_waits() -> int:
     """A run waiting for something that already happened (the deciding commit raced the run's
     suspension) is woken; without this it would wait forever."""
     pending_approval = Approval.objects.filter(run=OuterRef("pk"), status=ApprovalStatus.PENDING)
     unknown_call = ToolCall.objects.filter(run=OuterRef("pk"), status=ToolCallStatus.UNKNOWN)
+    open_question = ToolCall.objects.filter(run=OuterRef("pk"), tool_name=ASK_USER, status=ToolCallStatus.PENDING)
     stale = list(
+        Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.WAITING_INPUT)
+        .exclude(Exists(open_question)).values_list("pk", flat=True)[:BATCH]
+    ) + list(
         Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.APPROVAL)
         .exclude(Exists(pending_approval)).values_list("pk", flat=True)[:BATCH]
     ) + list(
         Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.RECONCILIATION)
         .exclude(Exists(unknown_call)).values_list("pk", flat=True)[:BATCH]
     )
-    return sum(run_resume(run_id=run_id, wait_reasons=[WaitReason.APPROVAL, WaitReason.RECONCILIATION]) for run_id in stale)
+    healable = [WaitReason.APPROVAL, WaitReason.RECONCILIATION, WaitReason.WAITING_INPUT]
+    return sum(run_resume(run_id=run_id, wait_reasons=healable) for run_id in stale)
 
 
 def _reconcile(now) -> int:
@@ -98,23 +113,31 @@ def _reconcile(now) -> int:
 
 
 def _fail_past_deadline(now) -> int:
-    """Queued or waiting runs past their deadline fail, closing what never started (a pending
-    approval is withdrawn). Not while a write is in doubt — waiting on reconciliation, or
-    queued with a write a dead worker left `running`: a worker recovers and reconciles it
-    first, and the deadline fails the run after."""
+    """Queued runs and runs in a backoff past their deadline fail, closing what never started.
+    Not while a write is in doubt — queued with a write a dead worker left `running`: a worker
+    recovers and reconciles it first, and the deadline fails the run after."""
     failed = 0
+    # A run waiting for a person is not on its own clock: the approval's or the question's expiry
+    # ends that wait (DEADLINE_PAUSED_WAITS), and the deadline is extended when it resumes.
     overdue = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.WAITING], deadline__lt=now).exclude(
-        wait_reason=WaitReason.RECONCILIATION
+        wait_reason__in=DEADLINE_PAUSED_WAITS
     ).exclude(Exists(writes_in_doubt(run_id=OuterRef("pk"))))
     for run in overdue[:BATCH]:
         with transaction.atomic():
             session_lock(session_id=run.session_id)
             run = Run.objects.select_for_update().get(pk=run.pk)
-            if run.status not in (RunStatus.QUEUED, RunStatus.WAITING) or writes_in_doubt(run_id=run.id).exists():
+            if (run.status not in (RunStatus.QUEUED, RunStatus.WAITING) or run.wait_reason in DEADLINE_PAUSED_WAITS
+                    or writes_in_doubt(run_id=run.id).exists()):
                 continue
             failed += run_end(run=run, to=RunStatus.FAILED, lease_token=None, error_code=RunErrorCode.DEADLINE,
                               error_detail=f"the run passed its deadline {run.deadline.isoformat()}")
     return failed
+
+
+def _purge_idempotency_keys(now) -> int:
+    oldest_kept = now - timedelta(seconds=settings.WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS)
+    stale = IdempotencyRecord.objects.filter(created_at__lt=oldest_kept).values_list("pk", flat=True)[:1000]
+    return IdempotencyRecord.objects.filter(pk__in=list(stale)).delete()[0]
 
 
 def _reenqueue_stale(now) -> int:

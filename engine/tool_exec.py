@@ -6,14 +6,16 @@ and a write that may have reached the downstream system but gave no clear answer
 `unknown` and waits for reconciliation.
 """
 
-import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connections, transaction
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
@@ -27,10 +29,47 @@ from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus
 from runs_app.services import run_transition, run_write, step_create, step_transition
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
-from tools_app.registry import ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
+from tools_app.registry import ASK_USER, ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
 from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
 
 logger = logging.getLogger("warden.tools")
+
+
+class ToolTimedOut(Exception):
+    """The tool did not answer within its declared timeout; it was abandoned (SPEC §16)."""
+
+    code = "tool_timeout"
+
+    def __init__(self, tool_name: str, timeout: float):
+        super().__init__(f"{tool_name} gave no answer within its {timeout:g} s timeout")
+        self.detail = str(self)
+
+
+def _within_timeout(tool, context: ToolContext, arguments):
+    """Run the tool in a thread of its own and wait for it at most its declared timeout, so a
+    hung tool never holds the worker (whose heartbeat keeps the lease meanwhile). An abandoned
+    call's thread is left to finish or hang on its own; for a write that is why its outcome is
+    `unknown`, never retried."""
+    if not tool.timeout or tool.timeout <= 0:
+        return tool.execute(context, arguments)
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["result"] = tool.execute(context, arguments)
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread below
+            box["error"] = error
+        finally:
+            connections.close_all()  # this thread's own database connections, if the tool opened any
+
+    thread = threading.Thread(target=call, name=f"tool-{tool.name}", daemon=True)
+    thread.start()
+    thread.join(tool.timeout)
+    if thread.is_alive():
+        raise ToolTimedOut(tool.name, tool.timeout)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 @dataclass
@@ -46,12 +85,21 @@ class Outcome:
 def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> list[tuple[str, dict]]:
     """Rows for a model turn's tool calls, in the caller's transaction. Writes get their
     idempotency key now; a write the run already made (same key) points at the original
-    instead of getting a second call. The leading reads are marked running at once."""
+    instead of getting a second call, and so does one that an earlier run this run retries
+    applied (SPEC §16: applied writes are reused, never repeated). The leading reads are marked
+    running at once."""
     has_writes = any(tool_get(c.name).effect == ToolEffect.WRITE for c in proposed)
+    lineage = _retried_runs(run) if has_writes else []
     existing = {
         c.idempotency_key: c
         for c in ToolCall.objects.filter(run_id=run.id, effect=ToolEffect.WRITE, idempotency_key__isnull=False)
     } if has_writes else {}
+    applied_before = {
+        _key_base(c.idempotency_key): c
+        for c in ToolCall.objects.filter(run_id__in=[r.pk for r in lineage], effect=ToolEffect.WRITE,
+                                         status=ToolCallStatus.SUCCEEDED, idempotency_key__isnull=False)
+    } if lineage else {}
+    key_scope = lineage[-1].pk if lineage else run.id  # the first run of a line of retries
     rows: list[ToolCall] = []
     for position, call in enumerate(proposed):
         tool = tool_get(call.name)
@@ -60,9 +108,13 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
             arguments=call.arguments, effect=tool.effect,
         )
         if tool.effect == ToolEffect.WRITE:
-            key = tool.idempotency_key_for(run_id=run.id, arguments=tool.arguments.model_validate(call.arguments))
+            base = tool.idempotency_key_for(run_id=key_scope, arguments=tool.arguments.model_validate(call.arguments))
+            # A retry that makes a write its predecessor did not apply sends a key of its own.
+            key = f"{base}{RETRY_KEY_MARK}{len(lineage)}" if lineage else base
             if key in existing:
                 row.reused_from = existing[key]
+            elif base in applied_before:
+                row.reused_from = applied_before[base]
             else:
                 row.idempotency_key = key
                 existing[key] = row
@@ -76,10 +128,28 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
     return [tool_call_event(row) for row in rows]
 
 
+RETRY_KEY_MARK = ":retry"
+
+
+def _key_base(key: str) -> str:
+    return key.split(RETRY_KEY_MARK, 1)[0]
+
+
+def _retried_runs(run: Run) -> list[Run]:
+    """The runs this one retries, newest first (its parent, the parent's parent, …)."""
+    lineage, parent_id = [], run.retry_of_id
+    while parent_id is not None:
+        parent = Run.objects.only("id", "retry_of_id").get(pk=parent_id)
+        lineage.append(parent)
+        parent_id = parent.retry_of_id
+    return lineage
+
+
 def _leading_reads(calls: list[ToolCall]) -> list[ToolCall]:
     batch = []
     for call in calls:
-        if call.effect != ToolEffect.READ or call.reused_from_id or call.status not in (ToolCallStatus.PENDING, ToolCallStatus.RUNNING):
+        if (call.effect != ToolEffect.READ or call.reused_from_id or call.tool_name == ASK_USER
+                or call.status not in (ToolCallStatus.PENDING, ToolCallStatus.RUNNING)):
             break
         batch.append(call)
     return batch
@@ -92,6 +162,8 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
         return None
     if head.reused_from_id:
         return _reuse_outcome(cp=cp, lease=lease, call=head)
+    if head.tool_name == ASK_USER:
+        _wait_for_answer(run=run, lease=lease, call=head)
     if head.effect == ToolEffect.READ:
         batch = _leading_reads(cp.open_tool_calls)
         outcomes = _reads_execute(run=run, lease=lease, batch=batch)
@@ -144,6 +216,23 @@ def wait_for_reconciliation(*, run: Run, lease: Lease, call: ToolCall, raise_sto
         )
     if raise_stop:
         raise StopDriving("reconciliation")
+
+
+def _wait_for_answer(*, run: Run, lease: Lease, call: ToolCall) -> None:
+    """The model asked the user something only they can tell (SPEC §16): the run waits for the
+    reply, which closes this call and resumes the same run (engine.actions.messages), or for the
+    question to expire (the sweeper)."""
+    now = timezone.now()
+    expires_at = now + timedelta(seconds=settings.WARDEN_INPUT_TTL_SECONDS)
+    question = call.arguments.get("question", "")
+    with transaction.atomic():
+        run_transition(
+            run=run, to=RunStatus.WAITING, wait_reason=WaitReason.WAITING_INPUT, lease_token=lease.token,
+            extra_events=[(RunEventType.INPUT_REQUESTED,
+                           {"tool_call": str(call.id), "question": question, "expires_at": expires_at.isoformat()})],
+            wait_type="input", request_id=str(call.id), expires_at=expires_at, resume_target=str(call.id),
+        )
+    raise StopDriving("waiting-input")
 
 
 def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, tool) -> bool:
@@ -205,7 +294,7 @@ def _read_once(run: Run, call: ToolCall) -> Outcome:
     while True:
         attempts += 1
         try:
-            result = tool.execute(_context(run, call, tool), arguments)
+            result = _within_timeout(tool, _context(run, call, tool), arguments)
             return Outcome(call=call, status=ToolCallStatus.SUCCEEDED, result=result, attempts=attempts)
         except Exception as error:  # noqa: BLE001 - a read has no side effect: any failure may be retried
             retryable = error.retryable if isinstance(error, ToolError) else True
@@ -261,12 +350,14 @@ def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
     fault_point("after_key_commit")
     arguments = tool.arguments.model_validate(call.arguments)
     try:
-        result = tool.execute(_context(run, call, tool), arguments)
+        result = _within_timeout(tool, _context(run, call, tool), arguments)
         outcome = Outcome(call=call, status=ToolCallStatus.SUCCEEDED, result=result, attempts=call.attempts)
     except ToolError as error:
         outcome = Outcome(call=call, status=ToolCallStatus.FAILED, error_code=error.code, error_detail=error.detail, attempts=call.attempts)
     except ToolOutcomeUnknown as error:
         outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code="outcome_unknown", error_detail=error.detail, attempts=call.attempts)
+    except ToolTimedOut as error:
+        outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code=error.code, error_detail=error.detail, attempts=call.attempts)
     except Exception as error:  # noqa: BLE001 - after sending, anything unexpected is "we don't know"
         logger.exception("write tool %s raised unexpectedly", call.tool_name)
         outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code="outcome_unknown", error_detail=repr(error)[:2000], attempts=call.attempts)

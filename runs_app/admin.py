@@ -9,7 +9,7 @@ from django.urls import path
 from approvals_app.admin_display import compact_arguments, pretty_json, table
 from approvals_app.models import Approval
 from config.admin_base import PolicyScopedAdmin, ReadOnlyInline
-from runs_app.admin_views import run_cancel_view, runs_cancel_action
+from runs_app.admin_views import run_cancel_view, runs_cancel_action, runs_retry_action
 from runs_app.models import ContextSummary, Run, RunEvent, Step
 from sessions_app import access
 from tools_app.models import ToolCall
@@ -18,7 +18,8 @@ from tools_app.selectors import applied_effects
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = ("index", "kind", "status", "finish_reason", "input_tokens", "output_tokens", "started_at", "finished_at", "discard_reason")
+    fields = ("index", "kind", "status", "finish_reason", "input_tokens", "output_tokens", "started_at", "finished_at",
+              "discard_reason", "context_manifest")
     readonly_fields = fields
 
 
@@ -49,7 +50,7 @@ class RunAdmin(PolicyScopedAdmin):
     list_filter = ("status", "phase", "wait_reason", "provider")
     search_fields = ("=id", "=session__id")
     date_hierarchy = "created_at"
-    actions = ("request_cancel",)
+    actions = ("request_cancel", "retry")
     inlines = [StepInline, ToolCallInline, ApprovalInline, RunEventInline]
     fieldsets = (
         (None, {"fields": ("id", "session", "created_by", "status", "phase", "wait_reason", "provider")}),
@@ -95,6 +96,10 @@ class RunAdmin(PolicyScopedAdmin):
     @admin.action(description="Cancel selected runs…", permissions=["cancel"])
     def request_cancel(self, request, queryset):
         return runs_cancel_action(self, request, queryset)
+
+    @admin.action(description="Retry selected failed or cancelled runs", permissions=["cancel"])
+    def retry(self, request, queryset):
+        return runs_retry_action(self, request, queryset)
 
     @admin.display(description="applied effects")
     def applied_effects_display(self, obj):

@@ -11,6 +11,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from engine.actions.cancel import RunNotCancellable, run_cancel_request
+from engine.actions.runs import RunNotRetryable, run_retry
 from runs_app.models import Run, RunStatus, WaitReason
 from sessions_app import access
 
@@ -90,3 +91,17 @@ def runs_cancel_action(model_admin, request, queryset):
     else:
         form = CancelForm()
     return _render(request, model_admin, runs=list(queryset), form=form, bulk=True)
+
+
+def runs_retry_action(model_admin, request, queryset):
+    """Retry each selected failed or cancelled run as a new run (audited, naming the operator)."""
+    for run in queryset.select_related("session"):
+        if not access.can_retry_run(user=request.user, run=run):
+            messages.warning(request, f"Run {run.pk}: only a failed or cancelled run you may cancel can be retried.")
+            continue
+        try:
+            retry = run_retry(run=run, acting_user=request.user, reason="retried from the desk")
+        except RunNotRetryable as error:
+            messages.warning(request, f"Run {run.pk}: {error.message}")
+            continue
+        messages.success(request, f"Run {run.pk} is retried as run {retry.pk}.")

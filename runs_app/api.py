@@ -22,8 +22,9 @@ from config.api_base import (
     COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
 )
 from engine.actions.cancel import run_cancel_request
+from engine.actions.runs import run_retry
 from runs_app.models import RunPhase, RunStatus, WaitReason
-from runs_app.selectors import run_detail, run_event_list, run_event_poll, run_get, run_list
+from runs_app.selectors import run_detail, run_event_list, run_event_poll, run_get, run_list, run_wait_clock
 from sessions_app import access
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 from tools_app.api import ToolCallOut
@@ -88,6 +89,9 @@ class WaitOut(Schema):
     request_id: str
     expires_at: datetime | None
     resume_target: str
+    clock: str = Field(description="what ends the wait: approval_expiry, question_expiry, backoff or reconciliation")
+    ends_at: datetime | None = Field(description="when that clock ends the wait (none for reconciliation)")
+    deadline_paused: bool = Field(description="the run's execution deadline does not run while it waits for a person")
 
 
 class CancelOut(Schema):
@@ -113,6 +117,7 @@ class StepOut(Schema):
     finish_reason: str
     discard_reason: str
     text: str = Field(description="what the model said in this step (streamed so far while running)")
+    context_manifest: Any = Field(description="model steps: which history messages (by seq) and which summary the call saw")
 
     @staticmethod
     def resolve_text(step) -> str:
@@ -147,6 +152,9 @@ class RunDetailOut(RunOut):
     event_seq: int = Field(description="the latest event's seq: stream or page events from here")
     step_count: int
     can_cancel: bool
+    can_retry: bool = Field(description="whether the caller may try this failed or cancelled run again")
+    retry_of: uuid.UUID | None = Field(description="the run this one retries")
+    retries: list[uuid.UUID] = Field(description="runs that retried this one, oldest first")
     steps: list[StepOut]
     tool_calls: list[ToolCallOut]
     approvals: list[ApprovalOut]
@@ -165,6 +173,16 @@ class CancelIn(Schema):
     reason: StorableText = Field("", max_length=300)
 
 
+class RetryBudgetsIn(Schema):
+    max_model_calls: int | None = Field(None, ge=1, le=1000)
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000)
+
+
+class RetryIn(Schema):
+    reason: StorableText = Field("", max_length=300, description="why; kept in the audit trail")
+    budgets: RetryBudgetsIn | None = Field(None, description="limits of the new run; the old run's by default")
+
+
 def run_detail_out(*, run, user) -> SimpleNamespace:
     detail = run_detail(run=run)
     out = {field: getattr(run, field) for field in (
@@ -178,13 +196,15 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
         "created_by": run.created_by.get_username() if run.created_by_id else None,
         "budgets": {field: getattr(run, field) for field in (
             "max_model_calls", "model_calls", "max_tokens", "tokens_used", "deadline", "model_retries")},
-        "wait": {"reason": run.wait_reason, "type": run.wait_type, "request_id": run.request_id,
-                 "expires_at": run.expires_at, "resume_target": run.resume_target} if run.wait_reason else None,
+        "wait": _wait_out(run),
         "cancel": {"requested_at": run.cancel_requested_at, "reason": run.cancel_reason,
                    "requested_by": run.cancel_requested_by.get_username() if run.cancel_requested_by_id else None}
         if run.cancel_requested_at else None,
         "error": {"code": run.error_code, "detail": run.error_detail} if run.error_code else None,
         "can_cancel": access.can_cancel_run(user=user, run=run),
+        "can_retry": access.can_retry_run(user=user, run=run),
+        "retry_of": run.retry_of_id,
+        "retries": list(run.retries.order_by("created_at").values_list("id", flat=True)),
         "steps": detail.steps,
         "tool_calls": detail.tool_calls,
         "approvals": detail.approvals,
@@ -192,6 +212,15 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
         "recent_events": detail.recent_events,
     }
     return SimpleNamespace(**out)
+
+
+def _wait_out(run) -> dict | None:
+    clock = run_wait_clock(run)
+    if clock is None:
+        return None
+    return {"reason": run.wait_reason, "type": run.wait_type, "request_id": run.request_id, "expires_at": run.expires_at,
+            "resume_target": run.resume_target, "clock": clock.clock, "ends_at": clock.ends_at,
+            "deadline_paused": clock.deadline_paused}
 
 
 def _visible_run(request, run_id):
@@ -261,6 +290,21 @@ def runs_cancel(request, run_id: uuid.UUID, payload: CancelIn | None = None):
     run = run_cancel_request(run=run, acting_user=request.auth, reason=payload.reason if payload else "")
     run.refresh_from_db()
     return Status(202, run)
+
+
+@router.post("/{run_id}/retry", response={201: RunOut, **COMMON_ERRORS, **errors(400, 403, 409)}, summary="Retry a run")
+def runs_retry(request, run_id: uuid.UUID, payload: RetryIn | None = None):
+    """Try a failed or cancelled run again from its last checkpoint, as a new run in the same
+    session: it continues from the session's history, and a write the old run applied is reused
+    (never made twice). 409 unless the run failed or was cancelled and the session is idle."""
+    run = _visible_run(request, run_id)
+    if not access.can_cancel_run(user=request.auth, run=run, even_if_ended=True):
+        raise ApiError(403, "not_permitted", "You may not retry this run.")
+    budgets = None
+    if payload is not None and payload.budgets is not None:
+        budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}
+    retry = run_retry(run=run, acting_user=request.auth, budgets=budgets, reason=payload.reason if payload else "")
+    return Status(201, retry)
 
 
 # ---------------------------------------------------------------------------

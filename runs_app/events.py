@@ -16,10 +16,13 @@ class RunEventType(models.TextChoices):
     APPROVAL_DECIDED = "approval_decided"
     APPROVAL_EXPIRED = "approval_expired"
     APPROVAL_WITHDRAWN = "approval_withdrawn"
+    INPUT_REQUESTED = "input_requested"
+    INPUT_ANSWERED = "input_answered"
     INPUT_QUEUED = "input_queued"
     INPUT_CLASSIFIED = "input_classified"
     INPUT_APPLIED = "input_applied"
     CANCEL_REQUESTED = "cancel_requested"
+    RUN_RETRIED = "run_retried"
 
 
 class LiveDeltaKind(models.TextChoices):

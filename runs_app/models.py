@@ -35,6 +35,11 @@ class WaitReason(models.TextChoices):
     RECONCILIATION = "reconciliation"
 
 
+# Waits that end when a person acts (or their own clock runs out): they do not use up the run's
+# execution deadline (SPEC §16). A backoff is the run's own time.
+DEADLINE_PAUSED_WAITS = (WaitReason.APPROVAL, WaitReason.WAITING_INPUT, WaitReason.RECONCILIATION)
+
+
 class RunErrorCode(models.TextChoices):
     MODEL_CALL_BUDGET = "budget_model_calls", "Model call budget exhausted"
     TOKEN_BUDGET = "budget_tokens", "Token budget exhausted"
@@ -42,6 +47,7 @@ class RunErrorCode(models.TextChoices):
     MODEL_RETRIES = "model_retries_exhausted", "Transient model errors exceeded the retry limit"
     MODEL_ERROR = "model_error", "The model provider returned a permanent error"
     INVALID_OUTPUT = "model_output_invalid", "The model kept producing invalid or truncated output"
+    OUTPUT_TRUNCATED = "model_output_truncated", "The model's answer did not fit in the largest output limit"
     UNKNOWN_TOOL = "unknown_tool", "The model asked for a tool that is not registered"
     INTERNAL = "internal_error", "Internal error"
 
@@ -119,6 +125,16 @@ class Run(models.Model):
     tokens_used = models.PositiveIntegerField(default=0)
     deadline = models.DateTimeField()
     model_retries = models.PositiveIntegerField(default=0)
+    # Consecutive model outputs the run rejected (reset by an accepted one): repeated invalid
+    # output backs off, then fails early instead of burning the call budget.
+    invalid_outputs = models.PositiveIntegerField(default=0)
+    # The max_tokens the next model call asks for once a length cut made the run ask for more;
+    # 0: the provider options' or WARDEN_MODEL_MAX_OUTPUT_TOKENS.
+    max_output_tokens = models.PositiveIntegerField(default=0)
+    # When the current wait began: time spent waiting for a person is added back to the deadline.
+    wait_started_at = models.DateTimeField(null=True, blank=True)
+    # A failed or cancelled run retried from its checkpoint as this new run (SPEC §16).
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries")
 
     # Lease: who drives the run. lease_token only ever increases; every write a worker makes
     # is conditional on it, so a worker that stalled past its lease cannot write again.

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from approvals_app.models import Approval
 from config.pagination import keyset_page
-from runs_app.models import RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step
+from runs_app.models import DEADLINE_PAUSED_WAITS, RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason
 from sessions_app import access
 from tools_app.models import ToolCall
 from tools_app.selectors import applied_effects
@@ -17,6 +17,32 @@ RUN_LIST_FIELDS = (
     "error_code", "created_at", "finished_at",
 )
 RECENT_EVENTS = 50
+
+
+# Which clock ends each kind of wait (SPEC §16), for the console, the desk and the API.
+WAIT_CLOCKS = {
+    WaitReason.APPROVAL: ("approval_expiry", "the approval request expires"),
+    WaitReason.WAITING_INPUT: ("question_expiry", "the question expires unanswered"),
+    WaitReason.RETRY_BACKOFF: ("backoff", "the backoff ends and the model is asked again"),
+    WaitReason.RECONCILIATION: ("reconciliation", "the write's outcome is known; no clock ends this wait"),
+}
+
+
+@dataclass(frozen=True)
+class WaitClock:
+    clock: str
+    ends_at: datetime | None
+    meaning: str
+    deadline_paused: bool
+
+
+def run_wait_clock(run: Run) -> WaitClock | None:
+    """What ends a waiting run's wait, and when; whether the run's own deadline is paused meanwhile."""
+    if run.status != RunStatus.WAITING or not run.wait_reason:
+        return None
+    clock, meaning = WAIT_CLOCKS[run.wait_reason]
+    ends_at = None if run.wait_reason == WaitReason.RECONCILIATION else run.expires_at
+    return WaitClock(clock=clock, ends_at=ends_at, meaning=meaning, deadline_paused=run.wait_reason in DEADLINE_PAUSED_WAITS)
 
 
 def _implied_statuses(*, phase: str | None, wait_reason: str | None) -> set[str] | None:

@@ -138,7 +138,8 @@ def run_event_append(*, run_id, kind: str, payload: dict, lease_token: int | Non
 
 def _shape_for(to_status: str, phase: str, wait_reason: str) -> dict[str, Any]:
     if to_status == RunStatus.QUEUED:
-        return {"phase": RunPhase.WAITING_WORKER, "wait_reason": "", **_LEASE_RELEASED, **_WAIT_CONTEXT_CLEARED}
+        return {"phase": RunPhase.WAITING_WORKER, "wait_reason": "", **_LEASE_RELEASED, **_WAIT_CONTEXT_CLEARED,
+                "wait_started_at": None}
     if to_status == RunStatus.RUNNING:
         if phase not in RUNNING_PHASES:
             raise ValueError(f"a running run needs a working phase, not {phase!r}")
@@ -146,8 +147,9 @@ def _shape_for(to_status: str, phase: str, wait_reason: str) -> dict[str, Any]:
     if to_status == RunStatus.WAITING:
         if wait_reason not in WaitReason.values:
             raise ValueError(f"a waiting run needs a wait reason, not {wait_reason!r}")
-        return {"phase": "", "wait_reason": wait_reason, **_LEASE_RELEASED}
-    return {"phase": "", "wait_reason": "", **_LEASE_RELEASED, **_WAIT_CONTEXT_CLEARED, "finished_at": timezone.now()}
+        return {"phase": "", "wait_reason": wait_reason, **_LEASE_RELEASED, "wait_started_at": timezone.now()}
+    return {"phase": "", "wait_reason": "", **_LEASE_RELEASED, **_WAIT_CONTEXT_CLEARED, "finished_at": timezone.now(),
+            "wait_started_at": None}
 
 
 def run_transition(

@@ -22,7 +22,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.lookups import Exact
 
 from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
-from runs_app.models import Run
+from runs_app.models import Run, RunStatus
 from sessions_app.models import Session
 from tools_app.models import ToolCall, ToolCallStatus
 
@@ -117,6 +117,11 @@ def can_cancel_run(*, user, run: Run, even_if_ended: bool = False) -> bool:
     if run.is_terminal and not even_if_ended:
         return False
     return _owns(user, run.session.owner_id) or cancels_any_run(user)
+
+
+def can_retry_run(*, user, run: Run) -> bool:
+    """Who may cancel a run may try it again once it failed or was cancelled."""
+    return run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and can_cancel_run(user=user, run=run, even_if_ended=True)
 
 
 # --- approvals ---------------------------------------------------------------------------------

@@ -4,10 +4,10 @@ from django.http import HttpResponse
 from django.template import engines
 from django.urls import reverse
 
-from config.admin_base import PolicyScopedAdmin, ReadOnlyInline
+from config.admin_base import PolicyScopedAdmin, ReadOnlyAdmin, ReadOnlyInline
 from sessions_app import access
 from sessions_app.api_keys import api_key_create, api_key_revoke
-from sessions_app.models import ApiKey, Message, PendingInput, Session
+from sessions_app.models import ApiKey, IdempotencyRecord, Message, PendingInput, Session
 
 
 class MessageInline(ReadOnlyInline):
@@ -150,3 +150,16 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke_keys(self, request, queryset):
         revoked = sum(api_key_revoke(api_key=key, acting_user=request.user) for key in queryset.select_related("owner"))
         self.message_user(request, f"Revoked {revoked} API key(s).", messages.SUCCESS)
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(ReadOnlyAdmin):
+    """API requests sent with an Idempotency-Key and the status they were answered with (the
+    stored bodies stay out of the list); purged after WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS."""
+
+    list_display = ("created_at", "owner", "method", "path", "key", "status_code")
+    list_select_related = ("owner",)
+    list_filter = ("method", "status_code")
+    search_fields = ("=key", "owner__username", "path")
+    fields = ("created_at", "owner", "method", "path", "key", "request_hash", "status_code", "response_content_type")
+    readonly_fields = fields

@@ -119,10 +119,11 @@ class MessageIn(Schema):
 
 
 class MessagePostOut(Schema):
-    disposition: Literal["started_run", "pending"] = Field(
-        description="`started_run`: the message started a new queued run; `pending`: a run is active and "
-                    "reads the input at its next safe point")
-    message: MessageOut | None = Field(description="the history entry (started_run)")
+    disposition: Literal["started_run", "answered", "pending"] = Field(
+        description="`started_run`: the message started a new queued run; `answered`: it answered the question "
+                    "the active run waited on, which resumes; `pending`: a run is active and reads the input at its "
+                    "next safe point")
+    message: MessageOut | None = Field(description="the history entry (started_run, answered)")
     pending_input: PendingInputOut | None = Field(
         description="the stored input (pending); `consumed_by_run_id` is already set when an intent switch "
                     "found nothing running, cancelled the run and started the next one from it")

@@ -147,3 +147,30 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class IdempotencyRecord(models.Model):
+    """An unsafe API request sent with an `Idempotency-Key`, and the response it got (Stripe's
+    semantics, config/idempotency.py): the same key and body again get the same response, the
+    same key with another body is refused. Scoped to the caller; purged by the sweeper after
+    WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS."""
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    # SHA-256 of method, path, query and body: what "the same request" means.
+    request_hash = models.CharField(max_length=64)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=500)
+    # Null while the first request with the key is still being answered.
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.BinaryField(blank=True, default=b"")
+    response_content_type = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="idempotency_key_unique_per_owner")]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_key_age")]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} ({self.key})"

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from tools_app.models import ToolEffect
 
@@ -121,3 +121,33 @@ def tool_schemas() -> list[dict[str, Any]]:
     if _SCHEMAS is None:
         _SCHEMAS = [tool.openai_schema() for tool in _REGISTRY.values()]
     return _SCHEMAS
+
+
+# --- the run-time's own tool ------------------------------------------------------------------
+
+ASK_USER = "ask_user"
+
+
+class AskUserArguments(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    question: str = Field(min_length=1, max_length=1000, description="What to ask, in words for the user.")
+
+
+def _answered_by_the_user(ctx: ToolContext, args: BaseModel) -> dict:
+    # Never executed: the engine suspends the run on this call, and the user's reply closes it.
+    raise ToolError("not_executable", "ask_user is answered by the user, not executed")
+
+
+tool_register(Tool(
+    name=ASK_USER,
+    description=(
+        "Ask the user for something only they can give (a missing order number, a choice, a "
+        "confirmation of a detail) and wait for their reply. Use it instead of guessing."
+    ),
+    arguments=AskUserArguments,
+    effect=ToolEffect.READ,
+    execute=_answered_by_the_user,
+    timeout=0,
+    max_attempts=1,
+))

@@ -5,17 +5,19 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from engine.actions.cancel import run_cancel_request
-from engine.actions.runs import run_start
+from engine.actions.runs import run_resume, run_start
 from runs_app.events import RunEventType
-from runs_app.models import ACTIVE_STATUSES, Run, RunStatus
-from runs_app.services import run_event_append
-from sessions_app.models import InputMode, Message, PendingInput, Session
-from sessions_app.services import message_text_checked, session_lock
+from runs_app.models import ACTIVE_STATUSES, Run, RunStatus, WaitReason
+from runs_app.services import run_event_append, run_write
+from sessions_app.models import InputMode, Message, MessageRole, PendingInput, Session
+from sessions_app.services import message_text_checked, messages_append, session_lock
+from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
 
 
 @dataclass
 class PostResult:
-    disposition: str  # "started_run" or "pending"
+    disposition: str  # "started_run", "answered" (the run's question) or "pending"
     run: Run
     message: Message | None = None
     pending_input: PendingInput | None = None
@@ -32,8 +34,10 @@ def message_post(
 ) -> PostResult:
     """With no active run the message starts one (queued, enqueued after commit); while a run
     is active the input is stored as pending — never lost, never a second concurrent run — and
-    the run reads it at its next safe point. An intent switch for a run nobody is driving (it
-    waits for a person, or is queued) cancels it at once; the input then starts the next run."""
+    the run reads it at its next safe point. A run waiting for the user's answer to its question
+    takes the message as the answer and resumes (`auto` or `supplement`). An intent switch for a
+    run nobody is driving (it waits for a person, or is queued) cancels it at once; the input
+    then starts the next run."""
     content = message_text_checked(content=content, mode=mode)
     with transaction.atomic():
         # Lock the session: two posts at once must not both see "no active run".
@@ -43,6 +47,11 @@ def message_post(
             run, message = run_start(session=session, content=content, acting_user=acting_user, budgets=budgets,
                                      provider_options=provider_options)
             return PostResult(disposition="started_run", run=run, message=message)
+        if (active.status == RunStatus.WAITING and active.wait_reason == WaitReason.WAITING_INPUT
+                and mode in (InputMode.AUTO, InputMode.SUPPLEMENT)):
+            message = _answer(run=active, content=content)
+            if message is not None:
+                return PostResult(disposition="answered", run=active, message=message)
         pending = PendingInput.objects.create(session=session, content=content, mode=mode, submitted_by=acting_user)
         run_event_append(run_id=active.id, kind=RunEventType.INPUT_QUEUED,
                          payload={"pending_input": pending.id, "mode": mode, "content": content})
@@ -50,3 +59,46 @@ def message_post(
             PendingInput.objects.filter(pk=pending.pk).update(resolved_mode=InputMode.NEW_INTENT)
             run_cancel_request(run=active, acting_user=acting_user, reason=f"intent switch: {content[:200]}")
         return PostResult(disposition="pending", run=active, pending_input=pending)
+
+
+def _answer(*, run: Run, content: str) -> Message | None:
+    """The user's reply to the question the run waits on: it closes the ask_user call (the tool
+    message the model reads) and is kept as the user's own message; the same run resumes. None
+    when the question is no longer open (answered or expired meanwhile)."""
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.status != RunStatus.WAITING or run.wait_reason != WaitReason.WAITING_INPUT:
+        return None
+    call = ToolCall.objects.filter(pk=run.request_id, status=ToolCallStatus.PENDING).first()
+    if call is None or not tool_call_transition(tool_call=call, to=ToolCallStatus.SUCCEEDED, result={"answer": content}):
+        return None
+    # The tool message first: it must follow the assistant message that asked.
+    _, message = messages_append(session_id=run.session_id, messages=[
+        tool_call_message(call), Message(role=MessageRole.USER, content=content, run_id=run.id),
+    ])
+    run_write(run_id=run.id, events=[
+        tool_call_event(call),
+        (RunEventType.INPUT_ANSWERED, {"tool_call": str(call.id), "question": call.arguments.get("question", ""),
+                                       "message_seq": message.seq, "content": content}),
+    ])
+    run_resume(run_id=run.id, wait_reasons=[WaitReason.WAITING_INPUT], event_payload={"tool_call": str(call.id)})
+    return message
+
+
+def input_wait_expire(*, run_id) -> bool:
+    """Nobody answered the run's question in time: the ask_user call fails as `input_expired`
+    (the model is told, and answers without it) and the same run resumes."""
+    with transaction.atomic():
+        session_id = Run.objects.values_list("session_id", flat=True).get(pk=run_id)
+        session_lock(session_id=session_id)  # as posting the answer does: the two never cross
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.status != RunStatus.WAITING or run.wait_reason != WaitReason.WAITING_INPUT:
+            return False
+        call = ToolCall.objects.filter(pk=run.request_id, status=ToolCallStatus.PENDING).first()
+        if call is not None and tool_call_transition(
+            tool_call=call, to=ToolCallStatus.FAILED, error_code="input_expired",
+            error_detail=f"the user did not answer before {run.expires_at.isoformat() if run.expires_at else 'the question expired'}",
+        ):
+            messages_append(session_id=run.session_id, messages=[tool_call_message(call)])
+            run_write(run_id=run.id, events=[tool_call_event(call)])
+        return run_resume(run_id=run.id, wait_reasons=[WaitReason.WAITING_INPUT],
+                          event_payload={"tool_call": str(call.id) if call else None, "expired": True})

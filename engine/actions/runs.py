@@ -1,21 +1,31 @@
 """Starting, resuming and ending runs: the changes that touch a run, its session's history and
 pending input, its tool calls and approvals at once. `run_end` is the one way any run ends."""
 
+from datetime import timedelta
 from typing import Any, Iterable
 
 from django.db import transaction
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
-from approvals_app.services import approval_transition
+from approvals_app.services import approval_transition, audit_record
 from engine.queue import run_enqueue
-from runs_app.models import TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
-from runs_app.services import run_create, run_transition, step_transition
+from runs_app.events import RunEventType
+from runs_app.models import ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
+from runs_app.services import run_create, run_transition, run_write, step_transition
 from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.selectors import applied_effects, writes_in_doubt
 from tools_app.services import tool_call_message, tool_call_transition
+
+
+class RunNotRetryable(Exception):
+    code = "not_retryable"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
 
 
 class WriteInDoubt(RuntimeError):
@@ -51,14 +61,50 @@ def run_start_next(*, session_id) -> Run | None:
     return run
 
 
+def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str = "") -> Run:
+    """Try a failed or cancelled run again from its last checkpoint, as a new run in the same
+    session (SPEC §16): it starts from the session's history — what the old run learnt is there —
+    and a write the old run applied is reused by its idempotency key, never made again
+    (engine.tool_exec.tool_calls_create). The new run links to the old one; the retry is
+    audited, naming who asked. The budgets are the old run's unless given."""
+    with transaction.atomic():
+        session_lock(session_id=run.session_id)
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+            raise RunNotRetryable(f"Only a failed or cancelled run can be retried; this one is {run.status}.")
+        if Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_STATUSES).exists():
+            raise RunNotRetryable("The session has an active run; retry once it has ended.")
+        limits = {"max_model_calls": run.max_model_calls, "max_tokens": run.max_tokens, **(budgets or {})}
+        retry = run_create(session=run.session, created_by=acting_user, provider=run.provider,
+                           provider_options=run.provider_options, budgets=limits)
+        Run.objects.filter(pk=retry.pk).update(retry_of=run)
+        retry.retry_of = run
+        run_write(run_id=run.id, events=[(RunEventType.RUN_RETRIED, {"retry": str(retry.id),
+                                                                     "by": getattr(acting_user, "username", None)})])
+        run_write(run_id=retry.id, events=[(RunEventType.RUN_RETRIED, {"retry_of": str(run.id),
+                                                                       "by": getattr(acting_user, "username", None)})])
+        audit_record(actor=acting_user, action="retry", obj=run, run_id=run.id, before={"status": run.status},
+                     after={"retry": str(retry.id)}, note=reason)
+        run_enqueue(retry.id)
+    return retry
+
+
 def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | None = None) -> bool:
-    """Wake a suspended run (approval decided, reconciliation done, backoff over): it goes back
-    to the queue — the same run, never a new one — and a worker is asked for after commit."""
+    """Wake a suspended run (approval decided, question answered, reconciliation done, backoff
+    over): it goes back to the queue — the same run, never a new one — and a worker is asked for
+    after commit. Time spent waiting for a person is given back to the run's deadline."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         if run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
             return False
-        run_transition(run=run, to=RunStatus.QUEUED, event_payload={"resumed_from": run.wait_reason, **(event_payload or {})})
+        changes = {}
+        if run.wait_reason in DEADLINE_PAUSED_WAITS and run.wait_started_at is not None:
+            waited = max(timezone.now() - run.wait_started_at, timedelta(0))
+            changes["deadline"] = run.deadline + waited
+        run_transition(run=run, to=RunStatus.QUEUED, event_payload={
+            "resumed_from": run.wait_reason, **(event_payload or {}),
+            **({"deadline": changes["deadline"].isoformat()} if changes else {}),
+        }, **changes)
         run_enqueue(run.id)
     return True
 

@@ -16,10 +16,11 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """A fragment of one tool call. `index` identifies the call within the turn; `id` and
-    `name` usually arrive with the first fragment only; `arguments` is a piece of JSON text."""
+    """A fragment of one tool call. `index` identifies the call within the turn (None when the
+    server sends none: the engine tells calls apart by id); `id` and `name` usually arrive with
+    the first fragment only; `arguments` is a piece of JSON text."""
 
-    index: int
+    index: int | None
     id: str | None = None
     name: str | None = None
     arguments: str = ""
@@ -68,6 +69,12 @@ class ModelRequest:
     run_id: str = ""
     call_index: int = 0  # how many model calls this run made before this one
     options: dict = field(default_factory=dict)  # the run's provider_options (scripted faults, …)
+    max_output_tokens: int | None = None  # the answer's token limit (sent as max_tokens)
+
+
+# How the model context marks a user message that was added to a request while the run worked on
+# it (a supplement, SPEC §8): the answer must cover the whole request, not only the addition.
+SUPPLEMENT_NOTE = "[The user added this while you were working on their request; answer all of it.] "
 
 
 @dataclass(frozen=True)
@@ -76,9 +83,23 @@ class InputClassification:
     reason: str
 
 
+@dataclass(frozen=True)
+class Summary:
+    """A summary of older history for the model context, and the tokens making it cost."""
+
+    text: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
 class Provider(Protocol):
     name: str
 
     def stream(self, request: ModelRequest) -> Iterator[StreamEvent]: ...
 
     def classify_input(self, *, history: list[dict], text: str) -> InputClassification: ...
+
+    def summarize(self, *, previous: str, messages: list[dict], max_tokens: int) -> Summary:
+        """`previous` (the summary so far, or "") with `messages` (OpenAI-style, oldest first)
+        folded in, in at most about `max_tokens` tokens."""
+        ...

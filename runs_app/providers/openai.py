@@ -1,8 +1,9 @@
 """A streaming provider for any OpenAI-compatible Chat Completions server.
 
 The SDK's own retries are off (max_retries=0): retrying is the run-time's decision, with
-backoff recorded on the run. Errors are sorted into transient (429, 408, 5xx, network,
-dropped stream) and permanent (other 4xx).
+backoff recorded on the run. Errors are sorted as the official SDK sorts them for its own retries:
+an `x-should-retry` header decides when present; otherwise 408, 409, 429, 5xx, network errors
+and dropped streams are transient, other 4xx permanent.
 """
 
 import email.utils
@@ -23,6 +24,7 @@ from runs_app.providers.base import (
     ModelRequest,
     PermanentModelError,
     StreamEvent,
+    Summary,
     TextDelta,
     ToolCallDelta,
     TransientModelError,
@@ -33,7 +35,14 @@ from runs_app.providers.scripted import classify_input_by_rules
 _DEFAULT_TIMEOUT_SECONDS = 60.0
 _CLASSIFY_TIMEOUT_SECONDS = 15.0
 _CLASSIFY_HISTORY_MESSAGES = 12
-_TRANSIENT_4XX = (408, 429)
+_TRANSIENT_4XX = (408, 409, 429)
+_SUMMARY_TIMEOUT_SECONDS = 60.0
+
+SUMMARY_INSTRUCTIONS = (
+    "You keep the memory of a customer-service conversation. Fold the new messages into the summary so "
+    "far: keep every fact that may matter later (order numbers, amounts, decisions, what was done and "
+    "what is still open), drop pleasantries. Reply with the summary only."
+)
 
 CLASSIFY_INSTRUCTIONS = (
     "You route a user's new message in a chat where an agent run is already in progress. "
@@ -59,6 +68,8 @@ class OpenAIProvider:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if request.max_output_tokens:
+            arguments["max_tokens"] = request.max_output_tokens
         if request.tools:
             arguments["tools"] = request.tools
         try:
@@ -85,6 +96,25 @@ class OpenAIProvider:
         # Finish is held back to the end: it then also means the stream arrived complete.
         if finish is not None:
             yield Finish(finish)
+
+    def summarize(self, *, previous: str, messages: list[dict], max_tokens: int) -> Summary:
+        conversation = [{"role": m.get("role"), "content": m.get("content") or ""}
+                        for m in messages if m.get("role") in ("user", "assistant", "tool")]
+        try:
+            completion = _client(_SUMMARY_TIMEOUT_SECONDS).chat.completions.create(
+                model=settings.OPENAI_MODEL,
+                max_tokens=max_tokens,
+                messages=[
+                    {"role": "system", "content": SUMMARY_INSTRUCTIONS},
+                    {"role": "user", "content": json.dumps({"summary_so_far": previous, "new_messages": conversation})},
+                ],
+            )
+        except openai.APIError as error:
+            raise _model_error(error) from error
+        text = (completion.choices[0].message.content if completion.choices else "") or ""
+        usage = completion.usage
+        return Summary(text=text.strip(), input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+                       output_tokens=getattr(usage, "completion_tokens", 0) or 0)
 
     def classify_input(self, *, history: list[dict], text: str) -> InputClassification:
         try:
@@ -118,10 +148,10 @@ def _delta_events(delta) -> Iterator[StreamEvent]:
     if delta.content:
         yield TextDelta(delta.content)
     for call in delta.tool_calls or []:
-        function = call.function
+        function = getattr(call, "function", None)
         yield ToolCallDelta(
-            index=call.index,
-            id=call.id,
+            index=getattr(call, "index", None),  # absent from some servers' fragments
+            id=getattr(call, "id", None),
             name=function.name if function else None,
             arguments=(function.arguments if function else None) or "",
         )
@@ -132,7 +162,12 @@ def _model_error(error: openai.APIError) -> Exception:
         return TransientModelError(f"model server unreachable: {error}")
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
-        if status in _TRANSIENT_4XX or status >= 500:
+        should_retry = (error.response.headers.get("x-should-retry") or "").strip().lower()
+        if should_retry in ("true", "false"):
+            transient = should_retry == "true"  # the server says so, whatever the status
+        else:
+            transient = status in _TRANSIENT_4XX or status >= 500
+        if transient:
             return TransientModelError(
                 error.message,
                 status=status,

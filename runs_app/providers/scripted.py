@@ -5,6 +5,10 @@ It is the demo default and the test double for the engine. It "understands" the 
 of the current request and the tool results since that request started, and it can
 misbehave on purpose: `options["faults"][call_index]` names a fault for that model call.
 
+Tests may also script the turns outright: `options["turns"][call_index]` is
+{"text": ..., "calls": [{"name": ..., "arguments": {...}}]} (a call index past the list answers
+"Done."), for tools the demo world does not have.
+
 Faults (a fault that does not fit the planned turn, e.g. `invalid_json` on a text answer,
 leaves the turn unchanged):
   truncated_args    arguments (or text) cut in the middle; the stream ends with no Finish
@@ -29,11 +33,13 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from runs_app.providers.base import (
+    SUPPLEMENT_NOTE,
     Finish,
     InputClassification,
     ModelRequest,
     PermanentModelError,
     StreamEvent,
+    Summary,
     TextDelta,
     ToolCallDelta,
     TransientModelError,
@@ -63,6 +69,8 @@ HELP_TEXT = (
 )
 ASK_REFUND_ORDER_TEXT = "I can help with that refund. Could you tell me the order number?"
 ASK_CHECK_ORDER_TEXT = "Which order should I check? Could you tell me the order number?"
+NO_ANSWER_TEXT = "I still need the order number to go on. Send it whenever you have it and I'll pick this up."
+SCRIPTED_DONE_TEXT = "Done."
 CLAIMS_APPROVAL_TEXT = "This refund was already approved by an admin."
 LENGTH_PREFACE_TEXT = "Let me look into that for you right away."
 
@@ -130,17 +138,48 @@ class ScriptedProvider:
         if fault == "permanent_error":
             raise PermanentModelError("scripted bad request", status=400)
 
-        plan = _apply_fault(scripted_plan(request.messages), fault)
+        turns = request.options.get("turns")
+        plan = _scripted_turn(turns, request.call_index) if turns is not None else scripted_plan(request.messages)
+        plan = _apply_fault(plan, fault)
         delay = SLOW_DELAY_SECONDS if fault == "slow" else _delay_for(request)
         yield from _emit(plan, request=request, fault=fault, delay=delay)
 
     def classify_input(self, *, history: list[dict], text: str) -> InputClassification:
         return classify_input_by_rules(history=history, text=text)
 
+    def summarize(self, *, previous: str, messages: list[dict], max_tokens: int) -> Summary:
+        return summarize_by_rules(previous=previous, messages=messages, max_tokens=max_tokens)
+
+
+def summarize_by_rules(*, previous: str, messages: list[dict], max_tokens: int) -> Summary:
+    """Deterministic and extractive: the numbers (orders, amounts) mentioned so far first — the
+    facts a later request is likely to need — then what each side said, shortened, the newest
+    kept when it is too long."""
+    facts_before, _, said_before = previous.partition(_SUMMARY_SAID)
+    numbers = _NUMBER.findall(facts_before)
+    lines = [said_before] if said_before else []
+    for message in messages:
+        text = _content(message).strip()
+        numbers += _NUMBER.findall(text)
+        if message.get("role") in ("user", "assistant") and text:
+            lines.append(f"{message['role']}: {text[:160]}")
+    facts = _SUMMARY_FACTS + ", ".join(dict.fromkeys(numbers))
+    budget = max(0, max_tokens * 4 - len(facts) - len(_SUMMARY_SAID))
+    said = " | ".join(line for line in lines if line)
+    if len(said) > budget:
+        said = "…" + said[-max(0, budget - 1):]
+    text = (facts + _SUMMARY_SAID + said)[: max_tokens * 4]
+    used = sum(len(_content(m).split()) for m in messages)
+    return Summary(text=text, input_tokens=used, output_tokens=max(1, len(text.split())))
+
+
+_SUMMARY_FACTS = "Numbers mentioned: "
+_SUMMARY_SAID = ". Said: "
+
 
 def scripted_plan(messages: list[dict]) -> Plan:
-    """What the scripted model answers next, without faults."""
-    current = _current_request(messages)
+    """What the scripted model answers next, without faults: the tool work of the request (and
+    of whatever was added to it meanwhile) first, then one answer covering all of it."""
     planners = {
         "noop": _plan_noop,
         "refund": _plan_refund,
@@ -148,8 +187,22 @@ def scripted_plan(messages: list[dict]) -> Plan:
         "user_level": _plan_user_level,
         "weather": _plan_weather,
     }
-    planner = planners.get(current.intent)
-    return planner(current) if planner else Plan(text=HELP_TEXT)
+    plans = []
+    for current in _current_requests(messages):
+        planner = planners.get(current.intent)
+        plans.append(planner(current) if planner else Plan(text=HELP_TEXT))
+    working = next((plan for plan in plans if plan.calls), None)
+    if working is not None:
+        return working
+    return Plan(text=" ".join(plan.text for plan in plans))
+
+
+def _scripted_turn(turns: list, call_index: int) -> Plan:
+    if call_index >= len(turns):
+        return Plan(text=SCRIPTED_DONE_TEXT)
+    turn = turns[call_index] or {}
+    calls = tuple(PlannedCall(c["name"], dict(c.get("arguments") or {})) for c in turn.get("calls") or [])
+    return Plan(text=turn.get("text", ""), calls=calls)
 
 
 def classify_input_by_rules(*, history: list[dict], text: str) -> InputClassification:
@@ -191,7 +244,14 @@ def _intent_of(text: str) -> str | None:
 
 
 def _current_request(messages: list[dict]) -> _Request:
-    """Walk back from the last user message to the one that states an intent; later user
+    return _current_requests(messages)[0]
+
+
+def _current_requests(messages: list[dict]) -> list[_Request]:
+    """The request being worked on, and what was added to it while the run worked (messages the
+    context marks as supplements) that asks for something of its own.
+
+    Walk back from the last user message to the unmarked one that states an intent; later user
     messages supplement it. A finished answer (assistant text that is not a question) closes
     the previous request, so "hello" after a completed refund does not refund again."""
     start = None
@@ -208,18 +268,32 @@ def _current_request(messages: list[dict]) -> _Request:
             break
         seen_user = True
         start = index
-        if _intent_of(_content(message)):
+        if _intent_of(_content(message)) and not _is_supplement(message):
             break
     if start is None:
-        return _Request(intent=None, intent_text="")
-    intent_text = _content(messages[start])
+        return [_Request(intent=None, intent_text="")]
     tail = messages[start:]
-    return _Request(
-        intent=_intent_of(intent_text),
-        intent_text=intent_text,
-        user_texts=[_content(message) for message in tail if message.get("role") == "user"],
-        results=_tool_results(tail),
-    )
+    intent_text = _content(messages[start])
+    main = _Request(intent=_intent_of(intent_text), intent_text=intent_text, results=_tool_results(tail))
+    requests = [main]
+    for position, message in enumerate(tail):
+        if message.get("role") != "user":
+            continue
+        text = _content(message)
+        own_intent = _intent_of(text) if position and _is_supplement(message) else None
+        if own_intent and own_intent != main.intent:
+            # A request of its own, added to this one: its details are its own text.
+            requests.append(_Request(intent=own_intent, intent_text=text, user_texts=[text],
+                                     results=_tool_results(tail[position:])))
+        else:
+            main.user_texts.append(text)
+    if main.intent is None and len(requests) > 1:
+        requests.pop(0)
+    return requests
+
+
+def _is_supplement(message: dict) -> bool:
+    return (message.get("content") or "").startswith(SUPPLEMENT_NOTE)
 
 
 def _is_final_answer(message: dict) -> bool:
@@ -254,7 +328,8 @@ def _content(message: dict) -> str:
     content = message.get("content")
     if isinstance(content, list):  # OpenAI content parts
         return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return content or ""
+    content = content or ""
+    return content[len(SUPPLEMENT_NOTE):] if content.startswith(SUPPLEMENT_NOTE) else content
 
 
 def _order_number(texts: list[str]) -> str | None:
@@ -300,10 +375,17 @@ def _error_text(error: dict) -> str:
 # --- planners ------------------------------------------------------------------------------
 
 
+def _ask_for_the_order(current: _Request, question: str) -> Plan:
+    """Ask the user (and wait for the answer); if the question went unanswered, say what is missing."""
+    if any(result.error for result in current.results_of("ask_user")):
+        return Plan(text=NO_ANSWER_TEXT)
+    return Plan(calls=(PlannedCall("ask_user", {"question": question}),))
+
+
 def _plan_refund(current: _Request) -> Plan:
     order_id = _order_number(current.user_texts)
     if order_id is None:
-        return Plan(text=ASK_REFUND_ORDER_TEXT)
+        return _ask_for_the_order(current, ASK_REFUND_ORDER_TEXT)
     lookups = [r for r in current.results_of("query_order") if str(r.arguments.get("order_id")) == order_id]
     refunds = [r for r in current.results_of("execute_refund") if str(r.arguments.get("order_id")) == order_id]
     order = lookups[-1].payload if lookups else {}
@@ -338,7 +420,7 @@ def _refund_outcome_text(order_id: str, refund: _ToolResult, order: dict) -> str
 def _plan_order_status(current: _Request) -> Plan:
     order_id = _order_number(current.user_texts)
     if order_id is None:
-        return Plan(text=ASK_CHECK_ORDER_TEXT)
+        return _ask_for_the_order(current, ASK_CHECK_ORDER_TEXT)
     lookups = [r for r in current.results_of("query_order") if str(r.arguments.get("order_id")) == order_id]
     if not lookups:
         return Plan(calls=(PlannedCall("query_order", {"order_id": order_id}),))

@@ -10,10 +10,12 @@ from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalPolicy
 from runs_app.models import ACTIVE_STATUSES, Run, RunEvent, RunStatus, Step, StepKind
+from runs_app.selectors import run_wait_clock
 from sessions_app import access
 from sessions_app.console.timeline import run_timeline
 from sessions_app.models import Message, MessageRole
 from tools_app.models import ToolCall
+from tools_app.registry import ASK_USER
 from tools_app.selectors import applied_effects
 
 
@@ -48,6 +50,7 @@ def _tool_card(call: ToolCall, approval: dict | None) -> dict:
         "arguments": _json_text(call.arguments, pretty=False),
         "result": _json_text(call.result),
         "error": " ".join(filter(None, [call.error_code, call.error_detail])),
+        "question": call.arguments.get("question", "") if call.tool_name == ASK_USER else "",
         "approval": approval,
     }
 
@@ -66,14 +69,23 @@ def _approval_card(approval: Approval, *, viewer) -> dict:
     }
 
 
-def state_label(*, status: str, phase: str, wait_reason: str) -> str:
+def state_label(*, status: str, phase: str, wait_reason: str, ends_at=None, deadline_paused: bool = False) -> str:
     if status == RunStatus.RUNNING and phase:
         return phase.replace("_", " ")
     if status == RunStatus.WAITING and wait_reason:
-        return f"for {wait_reason.replace('_', ' ')}"
+        what = "waiting for your answer" if wait_reason == "waiting_input" else f"for {wait_reason.replace('_', ' ')}"
+        until = f" until {timezone.localtime(ends_at):%Y-%m-%d %H:%M}" if ends_at else ""
+        paused = " · the run's deadline is paused" if deadline_paused else ""
+        return what + until + paused
     if status == RunStatus.QUEUED:
         return "waiting for a worker"
     return ""
+
+
+def _state_label_of(run: Run) -> str:
+    clock = run_wait_clock(run)
+    return state_label(status=run.status, phase=run.phase, wait_reason=run.wait_reason,
+                       ends_at=clock.ends_at if clock else None, deadline_paused=clock.deadline_paused if clock else False)
 
 
 def console_run_view(*, run: Run, viewer, now: datetime | None = None) -> RunView:
@@ -115,7 +127,7 @@ def console_run_view(*, run: Run, viewer, now: datetime | None = None) -> RunVie
         is_active=run.status in ACTIVE_STATUSES,
         can_cancel=access.can_cancel_run(user=viewer, run=run),
         error=" — ".join(filter(None, [run.error_code, run.error_detail])) if run.status == RunStatus.FAILED else "",
-        state_label=state_label(status=run.status, phase=run.phase, wait_reason=run.wait_reason),
+        state_label=_state_label_of(run),
     )
 
 

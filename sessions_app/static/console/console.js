@@ -54,6 +54,7 @@
 
   function stateLabel(p) {
     if (p.status === "running" && p.phase) return p.phase.replace(/_/g, " ");
+    if (p.status === "waiting" && p.wait_reason === "waiting_input") return "waiting for your answer";
     if (p.status === "waiting" && p.wait_reason) return "for " + p.wait_reason.replace(/_/g, " ");
     if (p.status === "queued") return "waiting for a worker";
     return "";
@@ -218,6 +219,12 @@
         removePending(p.pending_input);
         appendUserMessage(run, p.content);
         break;
+      case "input_requested":
+        appendQuestion(run, p.question);
+        break;
+      case "input_answered":
+        appendUserMessage(run, p.content);
+        break;
       case "cancel_requested":
         cancelRequested(run, p);
         break;
@@ -316,6 +323,12 @@
   function appendUserMessage(run, content) {
     var li = make("li", "msg user");
     li.appendChild(make("div", "bubble", content));
+    role(run.el, "items").appendChild(li);
+  }
+
+  function appendQuestion(run, question) {
+    var li = make("li", "msg assistant question");
+    li.appendChild(make("div", "bubble", question));
     role(run.el, "items").appendChild(li);
   }
 
