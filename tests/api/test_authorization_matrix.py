@@ -38,6 +38,7 @@ OBJECT_ENDPOINTS = {
     ("GET", "/runs/{run_id}/events"): RUNS,
     ("GET", "/runs/{run_id}/events/stream"): ["run"],  # a live run's stream would wait for events
     ("POST", "/runs/{run_id}/cancel"): RUNS,
+    ("POST", "/runs/{run_id}/retry"): RUNS,
     ("GET", "/tool-calls/{tool_call_id}"): CALLS,
     ("POST", "/tool-calls/{tool_call_id}/resolve"): CALLS,
     ("POST", "/tool-calls/{tool_call_id}/reconcile"): CALLS,
@@ -57,6 +58,7 @@ OTHER_ENDPOINTS = {("GET", "/me"), ("POST", "/sessions")}
 BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
     "/runs/{run_id}/cancel": {"reason": "customer changed their mind"},
+    "/runs/{run_id}/retry": {"reason": "try again"},
     "/tool-calls/{tool_call_id}/resolve": {"applied": True, "evidence": "ledger entry L-1"},
     "/tool-calls/{tool_call_id}/reconcile": None,
     "/approvals/{approval_id}/decision": {"decision": "approve", "note": "checked"},
@@ -140,6 +142,8 @@ def expected_status(*, method: str, path: str, kind: str, caller: str, obj) -> i
         return 202 if kind == "busy_session" else 201
     if path.endswith("/cancel"):
         return 409 if obj.status in TERMINAL_STATUSES else 202
+    if path.endswith("/retry"):
+        return 409  # none of the world's runs failed or was cancelled
     if path.startswith("/tool-calls"):
         if owner:
             return 403  # seeing your own call is not the power to reconcile it

@@ -35,25 +35,38 @@ def test_cancel_withdraws_the_open_approval_and_cancels_the_run(by_person):
     assert "approval_decided" not in types
 
 
-def test_a_run_failed_at_its_deadline_withdraws_its_approval_and_closes_the_call():
-    """An hour's deadline, a day's approval: the run fails first. Its request must not stay in
-    the operators' queue, where approving it would record a decision that runs nothing."""
+def test_the_deadline_does_not_fail_a_run_that_waits_for_an_operator():
+    """An hour's deadline, a day's approval: waiting for a person does not use up the run's own
+    time (SPEC §16), so the sweeper leaves it waiting; the approval's expiry ends that wait."""
     from datetime import timedelta
 
     from django.utils import timezone
 
+    from engine.sweeper import sweep_once
+    from runs_app.models import Run, WaitReason
+
+    run, approval = _waiting_for_approval()
+    Run.objects.filter(pk=run.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    assert sweep_once()["deadlines_failed"] == 0
+    run.refresh_from_db(), approval.refresh_from_db()
+    assert (run.status, run.wait_reason) == (RunStatus.WAITING, WaitReason.APPROVAL)
+    assert approval.status == ApprovalStatus.PENDING
+
+
+def test_a_run_that_fails_withdraws_its_approval_and_closes_the_call():
+    """However a run fails, its request must not stay in the operators' queue, where approving
+    it would record a decision that runs nothing."""
     from approvals_app.services import ApprovalAlreadyDecided
     from engine.actions.approvals import approval_decide
-    from engine.sweeper import sweep_once
-    from runs_app.models import Run, RunErrorCode
+    from engine.actions.runs import run_end
+    from runs_app.models import RunErrorCode
     from sessions_app.models import Message, MessageRole
     from tests.factories import UserFactory
 
     run, approval = _waiting_for_approval()
-    Run.objects.filter(pk=run.pk).update(deadline=timezone.now() - timedelta(seconds=1))
-    sweep_once()
+    assert run_end(run=run, to=RunStatus.FAILED, lease_token=None, error_code=RunErrorCode.INTERNAL, error_detail="test")
     run.refresh_from_db(), approval.refresh_from_db(), approval.tool_call.refresh_from_db()
-    assert (run.status, run.error_code) == (RunStatus.FAILED, RunErrorCode.DEADLINE)
+    assert (run.status, run.error_code) == (RunStatus.FAILED, RunErrorCode.INTERNAL)
     assert (approval.status, approval.decided_by, approval.note) == (ApprovalStatus.WITHDRAWN, None, "run failed")
     assert (approval.tool_call.status, approval.tool_call.error_code) == (ToolCallStatus.CANCELLED, "run_failed")
     # The history answers the call, so the next run's context holds no dangling tool call.

@@ -196,3 +196,36 @@ def test_yielding_the_time_slice_costs_no_model_call(sim):
     answered = model_steps.filter(status=StepStatus.COMPLETED).count()
     assert answered == 4 and run.model_calls == answered
     assert model_steps.filter(status=StepStatus.DISCARDED, discard_reason="time slice used before the model was called").exists()
+
+
+def test_tool_calls_sent_without_an_index_are_told_apart_by_their_ids(sim):
+    """Older Ollama and Gemini's compatible endpoint send no `index` on tool-call fragments: two
+    calls must still be two calls, each with its own arguments (not one slot of both)."""
+    from tests.support.fake_openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer() as server, override_settings(OPENAI_BASE_URL=server.base_url, WARDEN_MODEL_PROVIDER="openai"):
+        server.enqueue(tool_calls=[
+            {"id": "call_a", "name": "query_order", "index": None, "arguments_chunks": ['{"order_', 'id": "9527"}']},
+            {"id": "call_b", "name": "get_weather", "index": None, "arguments_chunks": ['{"city"', ': "Paris"}']},
+        ], finish="tool_calls")
+        server.enqueue(text=["Both done."], finish="stop")
+        run = drive(start("check order 9527 and the weather in Paris"))
+    assert run.status == RunStatus.COMPLETED, run.error_detail
+    calls = {c.tool_name: c for c in ToolCall.objects.filter(run=run)}
+    assert calls["query_order"].arguments == {"order_id": "9527"} and calls["get_weather"].arguments == {"city": "Paris"}
+    assert all(c.status == ToolCallStatus.SUCCEEDED for c in calls.values())
+
+
+def test_the_openai_context_marks_an_addition_so_the_answer_covers_the_whole_request(sim):
+    from runs_app.providers.base import SUPPLEMENT_NOTE
+    from tests.support.fake_openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer(fallback="scripted") as server, \
+            override_settings(OPENAI_BASE_URL=server.base_url, WARDEN_MODEL_PROVIDER="openai"):
+        run = start("What's the weather in Paris?")
+        message_post(session=run.session, content="Also check order 9528", acting_user=run.session.owner)
+        run = drive(run)
+    assert run.status == RunStatus.COMPLETED, run.error_detail
+    model_calls = [r for r in server.requests if r.get("stream")]  # not the classification of the addition
+    first = [m for m in model_calls[0]["messages"] if m["role"] == "user"]
+    assert [m["content"] for m in first] == ["What's the weather in Paris?", SUPPLEMENT_NOTE + "Also check order 9528"]

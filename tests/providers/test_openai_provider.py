@@ -171,6 +171,56 @@ def test_server_errors_are_transient(server, status):
     assert raised.value.status == status
 
 
+def test_a_conflict_is_transient_as_the_sdk_has_it(server):
+    server.enqueue(status=409, error_message="conflict")
+
+    with pytest.raises(TransientModelError) as raised:
+        stream()
+
+    assert raised.value.status == 409
+
+
+@pytest.mark.parametrize(("status", "header", "transient"), [(400, "true", True), (503, "false", False), (500, "maybe", True)])
+def test_the_servers_x_should_retry_header_decides_when_present(server, status, header, transient):
+    server.enqueue(status=status, headers={"x-should-retry": header})
+
+    with pytest.raises(TransientModelError if transient else PermanentModelError) as raised:
+        stream()
+
+    assert isinstance(raised.value, TransientModelError) is transient
+
+
+def test_the_answers_token_limit_is_sent_as_max_tokens(server):
+    server.enqueue(text=["ok"])
+
+    list(OpenAIProvider().stream(ModelRequest(messages=MESSAGES, max_output_tokens=321)))
+
+    assert server.requests[0]["max_tokens"] == 321
+
+
+def test_fragments_without_an_index_keep_their_call_ids(server):
+    server.enqueue(tool_calls=[
+        {"id": "call_a", "name": "query_order", "index": None, "arguments_chunks": ['{"order_id"', ': "1"}']},
+        {"id": "call_b", "name": "query_order", "index": None, "arguments_chunks": ['{"order_id"', ': "2"}']},
+    ], finish="tool_calls")
+
+    fragments = [e for e in stream(tools=[QUERY_ORDER_TOOL]) if isinstance(e, ToolCallDelta)]
+
+    assert {e.index for e in fragments} == {None}
+    assert [e.id for e in fragments if e.id] == ["call_a", "call_b"]
+
+
+def test_summarize_folds_messages_into_the_summary_and_reports_its_tokens(server):
+    server.enqueue(text=["orders 1 and 2 were refunded"], finish="stop", usage={"prompt_tokens": 40, "completion_tokens": 6})
+
+    made = OpenAIProvider().summarize(previous="order 1 refunded", messages=[{"role": "user", "content": "refund 2"}],
+                                      max_tokens=64)
+
+    assert made.text == "orders 1 and 2 were refunded" and (made.input_tokens, made.output_tokens) == (40, 6)
+    sent = server.requests[0]
+    assert sent["max_tokens"] == 64 and "order 1 refunded" in sent["messages"][1]["content"]
+
+
 @pytest.mark.parametrize("status", [400, 401, 404, 422])
 def test_client_errors_are_permanent(server, status):
     server.enqueue(status=status, error_message="bad model")

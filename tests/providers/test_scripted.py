@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from runs_app.providers import scripted
 from runs_app.providers.base import (
+    SUPPLEMENT_NOTE,
     Finish,
     ModelRequest,
     PermanentModelError,
@@ -170,24 +171,72 @@ def test_failed_order_lookup_is_reported_not_retried():
     assert "not_found" in answer.text and "9527" in answer.text
 
 
-def test_refund_without_an_order_number_asks_for_it():
-    answer = Conversation("I'd like a refund please").turn()
+def test_refund_without_an_order_number_asks_the_user_and_waits():
+    ask = Conversation("I'd like a refund please").turn()
 
-    assert answer.calls == []
-    assert answer.finish == "stop"
-    assert "order number" in answer.text
-    assert answer.text.endswith("?")
+    assert [call["name"] for call in ask.calls] == ["ask_user"]
+    assert ask.finish == "tool_calls"
+    question = ask.arguments()["question"]
+    assert "order number" in question and question.endswith("?")
+
+
+def test_the_users_answer_to_the_question_completes_the_request():
+    conversation = Conversation("I'd like a refund please")
+    ask = conversation.turn()
+    conversation.answer(ask, {"answer": "9527"})
+    conversation.say("9527")
+
+    lookup = conversation.turn()
+
+    assert [call["name"] for call in lookup.calls] == ["query_order"]
+    assert lookup.arguments() == {"order_id": "9527"}
+
+
+def test_an_unanswered_question_is_wrapped_up_politely():
+    conversation = Conversation("I'd like a refund please")
+    ask = conversation.turn()
+    conversation.answer(ask, {"error": {"code": "input_expired", "detail": "no answer"}})
+
+    answer = conversation.turn()
+
+    assert answer.calls == [] and answer.finish == "stop"
+    assert answer.text == scripted.NO_ANSWER_TEXT
 
 
 def test_order_number_supplied_in_a_later_message_completes_the_request():
     conversation = Conversation("I'd like a refund please")
-    conversation.say_assistant(conversation.turn().text)
+    conversation.say_assistant("Which order?")
     conversation.say("the order number is 9527")
 
     lookup = conversation.turn()
 
     assert [call["name"] for call in lookup.calls] == ["query_order"]
     assert lookup.arguments() == {"order_id": "9527"}
+
+
+def test_an_addition_made_while_the_run_worked_is_answered_with_the_request():
+    conversation = Conversation("What's the weather in Paris?")
+    weather = conversation.turn()
+    conversation.answer(weather, {"city": "Paris", "summary": "sunny", "temperature_c": 21})
+    conversation.say(SUPPLEMENT_NOTE + "Also check order 9528")
+
+    lookup = conversation.turn()
+    assert [call["name"] for call in lookup.calls] == ["query_order"] and lookup.arguments() == {"order_id": "9528"}
+    conversation.answer(lookup, {**ELIGIBLE_ORDER, "order_id": "9528"})
+
+    answer = conversation.turn()
+    assert answer.calls == []
+    assert "weather in Paris is sunny" in answer.text and "Order 9528 is delivered" in answer.text
+
+
+def test_scripted_turns_replace_the_demo_rules():
+    conversation = Conversation("anything", turns=[{"calls": [{"name": "slow_lookup", "arguments": {"key": "k"}}]},
+                                                   {"text": "All done."}])
+    first = conversation.turn()
+    assert [call["name"] for call in first.calls] == ["slow_lookup"] and first.arguments() == {"key": "k"}
+    conversation.answer(first, {"ok": True})
+    assert conversation.turn().text == "All done."
+    assert conversation.turn().text == scripted.SCRIPTED_DONE_TEXT
 
 
 def test_later_order_number_replaces_an_earlier_one():

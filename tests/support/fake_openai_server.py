@@ -468,17 +468,20 @@ def _queued_chunks(queued: QueuedResponse, body: dict, writer: _ResponseWriter) 
 
 
 def _tool_call_fragments(position: int, call: dict) -> list[dict]:
+    """`"index": None` leaves the index out of every fragment, as older Ollama and Gemini's
+    compatible endpoint do."""
     index = call.get("index", position)
     pieces = call.get("arguments_chunks")
     if pieces is None:
         pieces = [call.get("arguments", "")]
+    where = {} if index is None else {"index": index}
     head = {
-        "index": index,
+        **where,
         "id": call.get("id", f"call_{position}"),
         "type": "function",
         "function": {"name": call["name"], "arguments": ""},
     }
-    return [head] + [{"index": index, "function": {"arguments": piece}} for piece in pieces]
+    return [head] + [{**where, "function": {"arguments": piece}} for piece in pieces]
 
 
 def _queued_completion(queued: QueuedResponse, body: dict, writer: _ResponseWriter) -> dict:
