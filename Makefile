@@ -20,6 +20,9 @@ setup: $(STAMP)
 migrate: setup
 	$(PY) manage.py migrate --noinput
 
+# Demo mode (the demo world's webhook receiver page among it), logs as plain text.
+run: export WARDEN_DEMO = 1
+run: export WARDEN_LOG_FORMAT ?= plain
 run: migrate
 	$(PY) manage.py demo_setup
 	$(PY) manage.py serve_all

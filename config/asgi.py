@@ -10,6 +10,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from runs_app.liveness import heartbeat_thread_start  # noqa: E402
+from runs_app.models import ProcessRole  # noqa: E402
 from sessions_app.console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -22,3 +24,6 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# This web process's heartbeat row (connected live clients, for /metrics; docs/OPERATIONS.md).
+heartbeat_thread_start(role=ProcessRole.WEB)

@@ -11,6 +11,8 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from config.logs import log_context
+from config.tracing import span, span_set
 from engine.actions.runs import run_end
 from engine.checkpoint import Checkpoint, RunFailure, StopDriving
 from engine.context import context_build
@@ -127,7 +129,13 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
     )
     provider = get_provider(run.provider)
     try:
-        result = _stream(provider=provider, request=request, run=run, step=step, heartbeat=heartbeat)
+        with log_context(step=step.index), span(
+            "model.call", run_id=run.id, session_id=run.session_id, step=step.index, step_id=step.pk,
+            lease_token=lease.token, provider=run.provider, model_call=run.model_calls,
+        ) as current:
+            result = _stream(provider=provider, request=request, run=run, step=step, heartbeat=heartbeat)
+            span_set(current, finish_reason=result.finish_reason, input_tokens=result.input_tokens,
+                     output_tokens=result.output_tokens, tool_calls=len(result.calls), aborted=result.aborted or None)
     except TransientModelError as error:
         return _backoff(run=run, lease=lease, step=step, error=error)
     except PermanentModelError as error:

@@ -8,15 +8,19 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
-from engine.actions.approvals import approval_expire
+from engine.actions.approvals import approval_expire, approval_expiry_warn
 from engine.actions.reconciliation import tool_call_reconcile_auto
 from engine.actions.runs import run_end, run_resume
 from engine.queue import run_enqueue, run_enqueue_now
-from runs_app.models import Run, RunErrorCode, RunStatus, WaitReason
+from runs_app import liveness
+from runs_app.events import RunEventType
+from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, WaitReason
 from runs_app.services import run_transition
 from sessions_app.services import session_lock
 from tools_app.models import ToolCall, ToolCallStatus
@@ -32,13 +36,15 @@ def sweep_once() -> dict:
         "leases_revoked": _revoke_expired_leases(now),
         "backoffs_woken": _wake_backoffs(now),
         "approvals_expired": _expire_approvals(now),
+        "approvals_warned": _warn_expiring_approvals(now),
         "waits_healed": _heal_waits(),
         "reconciled": _reconcile(now),
         "deadlines_failed": _fail_past_deadline(now),
         "requeued": _reenqueue_stale(now),
     }
     if any(counts.values()):
-        logger.info("sweep: %s", counts)
+        logger.info("sweep: %s", counts, extra={"sweep": counts})
+    liveness.sweep_recorded(counts)
     return counts
 
 
@@ -73,6 +79,16 @@ def _expire_approvals(now) -> int:
     for approval in Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)[:BATCH]:
         expired += approval_expire(approval=approval)
     return expired
+
+
+def _warn_expiring_approvals(now) -> int:
+    """Pending approvals that expire within WARDEN_APPROVAL_WARNING_SECONDS get their one
+    `approval_expiring` event (and so their notification)."""
+    warned = RunEvent.objects.annotate(warned_approval=KeyTextTransform("approval", "payload")).filter(
+        run_id=OuterRef("run_id"), type=RunEventType.APPROVAL_EXPIRING, warned_approval=Cast(OuterRef("pk"), TextField()))
+    horizon = now + timedelta(seconds=settings.WARDEN_APPROVAL_WARNING_SECONDS)
+    due = Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__gt=now, expires_at__lte=horizon).exclude(Exists(warned))
+    return sum(approval_expiry_warn(approval=approval) for approval in due.order_by("expires_at")[:BATCH])
 
 
 def _heal_waits() -> int:

@@ -22,6 +22,7 @@ from config.api_base import (
     COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
 )
 from engine.actions.cancel import run_cancel_request
+from runs_app import liveness
 from runs_app.models import RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_detail, run_event_list, run_event_poll, run_get, run_list
 from sessions_app import access
@@ -346,6 +347,14 @@ def _poll(state: _StreamState):
 
 
 def _sse_sync(state: _StreamState):
+    liveness.gauge_add("sse_clients", 1)
+    try:
+        yield from _sse_sync_frames(state)
+    finally:
+        liveness.gauge_add("sse_clients", -1)
+
+
+def _sse_sync_frames(state: _StreamState):
     yield "retry: 2000\n\n"
     while True:
         events, status, finished = _poll(state)
@@ -358,17 +367,21 @@ def _sse_sync(state: _StreamState):
 
 
 async def _sse_async(state: _StreamState):
-    yield "retry: 2000\n\n"
-    poll = sync_to_async(_poll)
-    while True:
-        events, status, finished = await poll(state)
-        frames, done = state.step(events, finished, status)
-        for frame in frames:
-            yield frame
-        if done:
-            return
-        if len(events) < SSE_BATCH:
-            await asyncio.sleep(SSE_POLL_SECONDS)
+    liveness.gauge_add("sse_clients", 1)  # a connected client, for warden_live_clients
+    try:
+        yield "retry: 2000\n\n"
+        poll = sync_to_async(_poll)
+        while True:
+            events, status, finished = await poll(state)
+            frames, done = state.step(events, finished, status)
+            for frame in frames:
+                yield frame
+            if done:
+                return
+            if len(events) < SSE_BATCH:
+                await asyncio.sleep(SSE_POLL_SECONDS)
+    finally:
+        liveness.gauge_add("sse_clients", -1)
 
 
 SSE_RESPONSE = {

@@ -16,6 +16,8 @@ class RunEventType(models.TextChoices):
     APPROVAL_DECIDED = "approval_decided"
     APPROVAL_EXPIRED = "approval_expired"
     APPROVAL_WITHDRAWN = "approval_withdrawn"
+    APPROVAL_EXPIRING = "approval_expiring"
+    RECONCILIATION_ESCALATED = "reconciliation_escalated"
     INPUT_QUEUED = "input_queued"
     INPUT_CLASSIFIED = "input_classified"
     INPUT_APPLIED = "input_applied"
