@@ -11,6 +11,7 @@ Warden never deletes those rows; those kept in heartbeat rows are summed over ev
 ever ran (dead ones included), so they do not drop when a worker is recycled.
 """
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -61,6 +62,9 @@ def _process_totals(rows, now) -> tuple[dict, dict, dict]:
     stale = {ProcessRole.WORKER: settings.WARDEN_WORKER_STALE_SECONDS, ProcessRole.WEB: settings.WARDEN_WORKER_STALE_SECONDS,
              ProcessRole.SWEEPER: settings.WARDEN_SWEEPER_STALE_SECONDS}
     for role, beat_at, row_counters, row_gauges in rows:
+        # Django's psycopg setup hands jsonb to raw cursors as text.
+        row_counters = json.loads(row_counters) if isinstance(row_counters, str) else row_counters
+        row_gauges = json.loads(row_gauges) if isinstance(row_gauges, str) else row_gauges
         fresh = now - beat_at <= timedelta(seconds=stale.get(role, settings.WARDEN_WORKER_STALE_SECONDS))
         if fresh:
             alive[role] = alive.get(role, 0) + 1
