@@ -273,6 +273,8 @@ LOGGING["filters"] = {"run_context": {"()": "config.logs.RunContextFilter"}}
 LOGGING["formatters"]["json"] = {"()": "config.logs.JsonFormatter"}
 LOGGING["formatters"]["plain"] = {"format": "%(asctime)s %(levelname)s %(name)s %(process)d %(run_context)s%(message)s"}
 LOGGING["handlers"]["console"] |= {"formatter": "json" if WARDEN_LOG_FORMAT == "json" else "plain", "filters": ["run_context"]}
+# django-q2 logs as "django-q" (with a hyphen); configured here, it keeps no plain handler of its own.
+LOGGING["loggers"]["django-q"] = {**LOGGING["loggers"]["django_q"], "propagate": False}
 
 # django-prometheus: request and response metrics of each web process, beside Warden's own
 # (runs_app/metrics.py), all at /metrics.

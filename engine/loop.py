@@ -52,6 +52,7 @@ def run_drive(*, run_id: str) -> str:
                 span("run.slice", run_id=run_id, session_id=lease.session_id, lease_token=lease.token, worker=owner) as current:
             outcome = _drive_claimed(lease)
             span_set(current, outcome=outcome)
+            logger.info("run %s: time slice ended: %s", run_id, outcome, extra={"outcome": outcome})
         liveness.count(f"tasks:{outcome}")
         return outcome
 
