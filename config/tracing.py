@@ -23,11 +23,12 @@ def tracing_enabled() -> bool:
     return _state["enabled"]
 
 
-def tracing_setup(*, exporter=None) -> bool:
+def tracing_setup(*, exporter=None, batch: bool | None = None) -> bool:
     """Install the SDK's tracer provider and the instrumentations, once per process (again after
     a fork: django-q2 forks its workers, and a batch processor's thread does not survive that).
-    `exporter` is for tests (an in-memory exporter); otherwise OTEL_TRACES_EXPORTER picks
-    `otlp` (http/protobuf, the default when an endpoint is set) or `console`."""
+    `exporter` is for tests and the benchmark (exported synchronously unless `batch`); otherwise
+    OTEL_TRACES_EXPORTER picks `otlp` (http/protobuf, the default when an endpoint is set) or
+    `console`, behind the SDK's batch processor."""
     if _state["pid"] == os.getpid() and exporter is None:
         return _state["enabled"]
     _state["pid"] = os.getpid()
@@ -39,10 +40,9 @@ def tracing_setup(*, exporter=None) -> bool:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "warden")}))
-    if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-    else:
-        provider.add_span_processor(BatchSpanProcessor(_configured_exporter()))
+    if exporter is None:
+        exporter, batch = _configured_exporter(), True
+    provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     _set_provider(provider)
     _instrument()
     _state["enabled"] = True
