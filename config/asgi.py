@@ -1,8 +1,13 @@
 import os
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+if not settings.configured:
+    # Loaded first by a web server (daphne): its database connections come from a pool
+    # (WARDEN_DB_POOL_SIZE in config/settings.py). Not so when a test imports this module later.
+    os.environ["WARDEN_WEB_SERVER"] = "1"
 django_asgi_app = get_asgi_application()  # set up Django before importing consumers
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

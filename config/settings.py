@@ -261,10 +261,19 @@ if REDIS_URL and _env_bool("WARDEN_REDIS_BROKER", False):
 WARDEN_DB_CONN_MAX_AGE = _env_int("WARDEN_DB_CONN_MAX_AGE", 60)
 # WARDEN_DB_CONNECT_TIMEOUT: seconds to wait for a new database connection; default 5.
 WARDEN_DB_CONNECT_TIMEOUT = _env_int("WARDEN_DB_CONNECT_TIMEOUT", 5)
+# WARDEN_DB_POOL_SIZE: web server processes (config/asgi.py marks them) use psycopg's connection
+# pool of at most this many connections instead: under ASGI every request runs in a thread of its
+# own, so a persistent connection would never be reused there; default 10; 0 turns the pool off.
+# Workers, sweepers and commands keep persistent connections (django-q2 forks its workers, and a
+# pool must not cross a fork).
+WARDEN_DB_POOL_SIZE = _env_int("WARDEN_DB_POOL_SIZE", 10) if os.environ.get("WARDEN_WEB_SERVER") == "1" else 0
 for _alias in DATABASES.values():
-    _alias["CONN_MAX_AGE"] = WARDEN_DB_CONN_MAX_AGE
+    _alias["CONN_MAX_AGE"] = 0 if WARDEN_DB_POOL_SIZE else WARDEN_DB_CONN_MAX_AGE
     _alias["CONN_HEALTH_CHECKS"] = True
     _alias.setdefault("OPTIONS", {})["connect_timeout"] = WARDEN_DB_CONNECT_TIMEOUT
+    if WARDEN_DB_POOL_SIZE:
+        # A request waits at most `timeout` seconds for a free connection; idle ones close after a minute.
+        _alias["OPTIONS"]["pool"] = {"min_size": 1, "max_size": WARDEN_DB_POOL_SIZE, "timeout": 10, "max_idle": 60}
 
 # WARDEN_LOG_FORMAT: `json` (one JSON object a line, with run_id, session_id, tool_call_id and
 # lease_token when known) or `plain` (for development); default json.

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.handlers.asgi import ASGIRequest
+from django.db import close_old_connections
 from django.http import StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -366,11 +367,20 @@ def _sse_sync_frames(state: _StreamState):
             time.sleep(SSE_POLL_SECONDS)
 
 
+def _poll_and_release(state: _StreamState):
+    """Under ASGI: between polls a stream holds no database connection (the web process's pool
+    is shared by every request and stream)."""
+    try:
+        return _poll(state)
+    finally:
+        close_old_connections()
+
+
 async def _sse_async(state: _StreamState):
     liveness.gauge_add("sse_clients", 1)  # a connected client, for warden_live_clients
     try:
         yield "retry: 2000\n\n"
-        poll = sync_to_async(_poll)
+        poll = sync_to_async(_poll_and_release)
         while True:
             events, status, finished = await poll(state)
             frames, done = state.step(events, finished, status)

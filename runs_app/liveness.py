@@ -129,23 +129,36 @@ def heartbeat_thread_start(*, role: str, cluster: str = "") -> None:
         _reset_after_fork()
         if _process.get("thread") is not None:
             return
-        thread = threading.Thread(target=_beat_forever, kwargs={"role": role, "cluster": cluster},
+        stop = threading.Event()
+        thread = threading.Thread(target=_beat_forever, kwargs={"role": role, "cluster": cluster, "stop": stop},
                                   name=f"{role}-heartbeat", daemon=True)
-        _process["thread"] = thread
+        _process.update(thread=thread, stop=stop)
     thread.start()
 
 
-def _beat_forever(*, role: str, cluster: str) -> None:
-    stop = threading.Event()
-    while True:
-        try:
-            close_old_connections()  # this thread's connection: reused, health-checked (CONN_HEALTH_CHECKS)
-            heartbeat_write(role=role, cluster=cluster)
-        except Exception:  # noqa: BLE001 - the database is away: /readyz says so; beat again later
-            logger.warning("%s heartbeat failed", role, exc_info=True)
-            connection.close()
-        if stop.wait(settings.WARDEN_WORKER_HEARTBEAT_SECONDS):
-            return
+def heartbeat_thread_stop() -> None:
+    """Stop this process's heartbeat thread (its connection closed): for tests, which import the
+    ASGI application in-process and must leave no connection open to the test database."""
+    with _lock:
+        thread, stop = _process.get("thread"), _process.get("stop")
+        _process.update(thread=None, stop=None)
+    if thread is not None:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def _beat_forever(*, role: str, cluster: str, stop: threading.Event) -> None:
+    try:
+        while not stop.is_set():
+            try:
+                close_old_connections()  # this thread's connection: reused, health-checked (CONN_HEALTH_CHECKS)
+                heartbeat_write(role=role, cluster=cluster)
+            except Exception:  # noqa: BLE001 - the database is away: /readyz says so; beat again later
+                logger.warning("%s heartbeat failed", role, exc_info=True)
+                connection.close()
+            stop.wait(settings.WARDEN_WORKER_HEARTBEAT_SECONDS)
+    finally:
+        connection.close()
 
 
 def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:

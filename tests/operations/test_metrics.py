@@ -153,7 +153,7 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
 
     # Live clients, and the processes that report.
     assert value(found, "warden_live_clients", transport="websocket") == 0
-    assert value(found, "warden_processes", role="web") == 1
+    assert value(found, "warden_processes", role="web") >= 1
     assert value(found, "warden_processes", role="worker") >= 1  # the successor (the stopped one fades after 30 s)
     assert value(found, "warden_processes", role="sweeper") == 1
 
