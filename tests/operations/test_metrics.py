@@ -105,10 +105,22 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
     refund_call = ToolCall.objects.get(run=refund, tool_name="execute_refund")
     assert refund_call.resolution == "applied"  # it went through unknown and was reconciled
 
+    watcher.join(timeout=60)  # the stream ends with the run
     claims = RunEvent.objects.filter(type="run_status", payload__has_key="lease_owner").count()
-    found = wait_for(lambda: (lambda s: s if value(s, "warden_queue_pickup_seconds_count") == claims
-                              and value(s, "warden_live_clients", transport="sse") == 0 else None)(_scrape(procs.base_url)),
-                     timeout=60, message="every claim's pickup latency to be reported")
+    last = {}
+
+    def settled():
+        last["scrape"] = found = _scrape(procs.base_url)
+        ok = value(found, "warden_queue_pickup_seconds_count") == claims and value(found, "warden_live_clients", transport="sse") == 0
+        return found if ok else None
+
+    try:
+        found = wait_for(settled, timeout=60, message="every claim's pickup latency to be reported")
+    except AssertionError:
+        s = last.get("scrape", {})
+        raise AssertionError(f"claims {claims}, pickups {value(s, 'warden_queue_pickup_seconds_count')}, "
+                             f"sse {value(s, 'warden_live_clients', transport='sse')}, "
+                             f"takeovers {value(s, 'warden_lease_takeovers_total')}") from None
 
     # Runs by status / phase / wait reason, and their durations.
     assert value(found, "warden_runs", status="completed", phase="", wait_reason="") == 2
