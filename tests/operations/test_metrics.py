@@ -111,7 +111,9 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
 
     def settled():
         last["scrape"] = found = _scrape(procs.base_url)
-        ok = value(found, "warden_queue_pickup_seconds_count") == claims and value(found, "warden_live_clients", transport="sse") == 0
+        ok = (value(found, "warden_queue_pickup_seconds_count") == claims
+              and value(found, "warden_worker_tasks_total", outcome="completed") == 2  # flushed with the worker's next beat
+              and value(found, "warden_live_clients", transport="sse") == 0)
         return found if ok else None
 
     try:
@@ -120,6 +122,7 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
         s = last.get("scrape", {})
         raise AssertionError(f"claims {claims}, pickups {value(s, 'warden_queue_pickup_seconds_count')}, "
                              f"sse {value(s, 'warden_live_clients', transport='sse')}, "
+                             f"completed tasks {value(s, 'warden_worker_tasks_total', outcome='completed')}, "
                              f"takeovers {value(s, 'warden_lease_takeovers_total')}") from None
 
     # Runs by status / phase / wait reason, and their durations.
