@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: run test setup migrate bench bench-api bench-ws soak stop-db clean
+.PHONY: run test setup migrate bench bench-telemetry bench-api bench-ws soak stop-db clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ setup: $(STAMP)
 migrate: setup
 	$(PY) manage.py migrate --noinput
 
+# Demo mode (the demo world's webhook receiver page among it), logs as plain text.
+run: export WARDEN_DEMO = 1
+run: export WARDEN_LOG_FORMAT ?= plain
 run: migrate
 	$(PY) manage.py demo_setup
 	$(PY) manage.py serve_all
@@ -31,6 +34,11 @@ test: setup
 # docs/RELIABILITY.md.
 bench: migrate
 	$(PY) bench/engine_step.py
+
+# The same with tracing, JSON logs and metrics scrapes on (issue 15's overhead budget: <= 5 %).
+bench-telemetry: migrate
+	$(PY) bench/engine_step.py --telemetry off
+	$(PY) bench/engine_step.py --telemetry on
 
 bench-api: migrate
 	$(PY) bench/runs_list.py

@@ -12,7 +12,14 @@ engine so both see the same machine.
 Counted per step, over the timed section: write transactions (xids handed out), WAL bytes
 (pg_current_wal_lsn delta), SQL statements sent by the engine, client CPU.
 
-Usage: python bench/engine_step.py [--runs 20] [--rounds 5] [--noops 10] [--layer configured|none]
+`--telemetry on` measures the same with issue 15's telemetry switched on in the bench process:
+OpenTelemetry tracing (spans for each slice, model call and tool call, plus the psycopg
+instrumentation) exported through the SDK's batch processor to an exporter that drops spans,
+JSON log lines for warden.* at INFO written to /dev/null, and a /metrics scrape (the PostgreSQL
+collectors) once per round. Metrics cost the engine nothing per step otherwise (they are read
+from the tables at scrape time), so the difference is tracing and logging.
+
+Usage: python bench/engine_step.py [--runs 20] [--rounds 5] [--noops 10] [--layer configured|none] [--telemetry off|on]
 Needs DATABASE_URL (or the embedded server). Uses (and re-creates) the database warden_bench.
 """
 
@@ -107,6 +114,39 @@ def engine_round(runs: int, noops: int, user, monitor) -> dict:
             "wal": (w1 - w0) / steps, "statements": statements[0] / steps}
 
 
+def telemetry_on():
+    """Tracing with every span exported (to nowhere) through the batch processor, as in production,
+    JSON logs at INFO to /dev/null; returns a function that scrapes the metrics once."""
+    import logging
+
+    from django.db import connection
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from prometheus_client import REGISTRY, generate_latest
+
+    from config.logs import JsonFormatter, RunContextFilter
+    from config.tracing import tracing_setup
+    from runs_app.metrics import COLLECTOR
+
+    class Dropping(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    tracing_setup(exporter=Dropping(), batch=True)
+    connection.close()  # reconnect through the psycopg instrumentation
+    handler = logging.FileHandler(os.devnull)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RunContextFilter())
+    warden = logging.getLogger("warden")
+    warden.handlers = [handler]
+    warden.setLevel(logging.INFO)
+    warden.propagate = False
+    try:
+        REGISTRY.register(COLLECTOR)
+    except ValueError:
+        pass
+    return lambda: generate_latest(REGISTRY)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -114,7 +154,13 @@ def main() -> None:
     parser.add_argument("--noops", type=int, default=10)
     parser.add_argument("--layer", choices=["configured", "none"], default="configured",
                         help="live publishing through the configured Channels layer, or none (publishing off)")
+    parser.add_argument("--telemetry", choices=["off", "on"], default="off",
+                        help="tracing (spans to a dropping exporter), JSON logs to /dev/null and a scrape per round")
     args = parser.parse_args()
+    if args.telemetry == "off":
+        os.environ.setdefault("WARDEN_LOG_LEVEL", "WARNING")
+        for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            os.environ.pop(name, None)
 
     url = bench_database_url()
     os.environ["DATABASE_URL"] = url
@@ -135,6 +181,7 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create(username="bench")
+    scrape = telemetry_on() if args.telemetry == "on" else (lambda: None)
 
     import psycopg
 
@@ -150,6 +197,7 @@ def main() -> None:
     for round_no in range(args.rounds):
         floors.append(floor_round(floor_conn, steps))
         engines.append(engine_round(args.runs, args.noops, user, monitor))
+        scrape()
         print(f"round {round_no + 1}: floor {floors[-1]['us']:.0f} µs/step, engine {engines[-1]['us']:.0f} µs/step", file=sys.stderr)
 
     def med(rows, key):
@@ -158,6 +206,7 @@ def main() -> None:
     layer = "none" if args.layer == "none" else settings.CHANNEL_LAYERS["default"]["BACKEND"].rsplit(".", 1)[-1]
     result = {
         "runs_per_round": args.runs, "rounds": args.rounds, "steps_per_run": 2 * args.noops + 1, "layer": layer,
+        "telemetry": args.telemetry,
         "floor": {k: med(floors, k) for k in floors[0]},
         "floor_min_max": [min(r["us"] for r in floors), max(r["us"] for r in floors)],
         "engine": {k: med(engines, k) for k in engines[0]},
@@ -166,7 +215,7 @@ def main() -> None:
     result["ratio"] = result["engine"]["us"] / result["floor"]["us"]
     print(json.dumps(result, indent=2))
     print(
-        f"\n| layer | floor µs/step (median) | engine µs/step (median, min–max) | ratio | write txns/step | WAL B/step | SQL stmts/step | engine CPU µs/step |\n"
+        f"\ntelemetry {args.telemetry}\n| layer | floor µs/step (median) | engine µs/step (median, min–max) | ratio | write txns/step | WAL B/step | SQL stmts/step | engine CPU µs/step |\n"
         f"|---|---:|---:|---:|---:|---:|---:|---:|\n"
         f"| {layer} | {result['floor']['us']:.0f} | {result['engine']['us']:.0f} ({result['engine_min_max'][0]:.0f}–{result['engine_min_max'][1]:.0f}) "
         f"| {result['ratio']:.2f}× | {result['engine']['xids']:.2f} (floor {result['floor']['xids']:.2f}) | {result['engine']['wal']:.0f} (floor {result['floor']['wal']:.0f}) "

@@ -1,8 +1,13 @@
 import os
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+if not settings.configured:
+    # Loaded first by a web server (daphne): its database connections come from a pool
+    # (WARDEN_DB_POOL_SIZE in config/settings.py). Not so when a test imports this module later.
+    os.environ["WARDEN_WEB_SERVER"] = "1"
 django_asgi_app = get_asgi_application()  # set up Django before importing consumers
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
@@ -10,6 +15,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from runs_app.liveness import heartbeat_thread_start  # noqa: E402
+from runs_app.models import ProcessRole  # noqa: E402
 from sessions_app.console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -22,3 +29,6 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# This web process's heartbeat row (connected live clients, for /metrics; docs/OPERATIONS.md).
+heartbeat_thread_start(role=ProcessRole.WEB)

@@ -1,6 +1,7 @@
 """Warden settings. Everything deployment-specific comes from environment variables,
 each documented where it is read."""
 
+import json
 import os
 from pathlib import Path
 
@@ -22,6 +23,8 @@ def _env_int(name: str, default: int) -> int:
 
 # SECRET_KEY: signs sessions and CSRF tokens. The default is for local development only.
 SECRET_KEY = os.environ.get("SECRET_KEY", "warden-insecure-development-key-change-me")
+# WARDEN_DEMO: demo mode (the demo world, its webhook receiver page); default off.
+WARDEN_DEMO = _env_bool("WARDEN_DEMO", False)
 # DEBUG: Django's debug mode; off unless set to 1/true.
 DEBUG = _env_bool("DEBUG", False)
 # ALLOWED_HOSTS: comma-separated host names this server answers to; default local only.
@@ -264,3 +267,86 @@ if REDIS_URL and _env_bool("WARDEN_REDIS_BROKER", False):
     # WARDEN_REDIS_BROKER: use Redis as the task broker instead of the ORM; default off.
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = REDIS_URL
+
+# ---------------------------------------------------------------------------
+# Operating it (SPEC §17; docs/OPERATIONS.md): connections, logs, health, metrics, tracing,
+# webhooks. Kept in one block: it adjusts DATABASES and LOGGING defined above.
+# ---------------------------------------------------------------------------
+# WARDEN_DB_CONN_MAX_AGE: seconds a process keeps a database connection for reuse (Django's
+# persistent connections, checked before reuse); 0 opens one per request; default 60.
+WARDEN_DB_CONN_MAX_AGE = _env_int("WARDEN_DB_CONN_MAX_AGE", 60)
+# WARDEN_DB_CONNECT_TIMEOUT: seconds to wait for a new database connection; default 5.
+WARDEN_DB_CONNECT_TIMEOUT = _env_int("WARDEN_DB_CONNECT_TIMEOUT", 5)
+# WARDEN_DB_POOL_SIZE: web server processes (config/asgi.py marks them) use psycopg's connection
+# pool of at most this many connections instead: under ASGI every request runs in a thread of its
+# own, so a persistent connection would never be reused there; default 10; 0 turns the pool off.
+# Workers, sweepers and commands keep persistent connections (django-q2 forks its workers, and a
+# pool must not cross a fork).
+WARDEN_DB_POOL_SIZE = _env_int("WARDEN_DB_POOL_SIZE", 10) if os.environ.get("WARDEN_WEB_SERVER") == "1" else 0
+for _alias in DATABASES.values():
+    _alias["CONN_MAX_AGE"] = 0 if WARDEN_DB_POOL_SIZE else WARDEN_DB_CONN_MAX_AGE
+    _alias["CONN_HEALTH_CHECKS"] = True
+    _alias.setdefault("OPTIONS", {})["connect_timeout"] = WARDEN_DB_CONNECT_TIMEOUT
+    if WARDEN_DB_POOL_SIZE:
+        # A request waits at most `timeout` seconds for a free connection; idle ones close after a minute.
+        _alias["OPTIONS"]["pool"] = {"min_size": 1, "max_size": WARDEN_DB_POOL_SIZE, "timeout": 10, "max_idle": 60}
+
+# WARDEN_LOG_FORMAT: `json` (one JSON object a line, with run_id, session_id, tool_call_id and
+# lease_token when known) or `plain` (for development); default json.
+WARDEN_LOG_FORMAT = os.environ.get("WARDEN_LOG_FORMAT", "json").strip().lower()
+LOGGING["filters"] = {"run_context": {"()": "config.logs.RunContextFilter"}}
+LOGGING["formatters"]["json"] = {"()": "config.logs.JsonFormatter"}
+LOGGING["formatters"]["plain"] = {"format": "%(asctime)s %(levelname)s %(name)s %(process)d %(run_context)s%(message)s"}
+LOGGING["handlers"]["console"] |= {"formatter": "json" if WARDEN_LOG_FORMAT == "json" else "plain", "filters": ["run_context"]}
+# django-q2 logs as "django-q" (with a hyphen); configured here, it keeps no plain handler of its own.
+LOGGING["loggers"]["django-q"] = {**LOGGING["loggers"]["django_q"], "propagate": False}
+
+# django-prometheus: request and response metrics of each web process, beside Warden's own
+# (runs_app/metrics.py), all at /metrics.
+INSTALLED_APPS += ["django_prometheus"]
+MIDDLEWARE = ["django_prometheus.middleware.PrometheusBeforeMiddleware", *MIDDLEWARE,
+              "django_prometheus.middleware.PrometheusAfterMiddleware"]
+
+# WARDEN_WORKER_HEARTBEAT_SECONDS: how often each worker, sweeper and web process records its
+# heartbeat row (and its counters) in PostgreSQL; default 5.
+WARDEN_WORKER_HEARTBEAT_SECONDS = float(os.environ.get("WARDEN_WORKER_HEARTBEAT_SECONDS", 5))
+# WARDEN_WORKER_STALE_SECONDS: /readyz wants a worker heartbeat younger than this; default 30.
+WARDEN_WORKER_STALE_SECONDS = float(os.environ.get("WARDEN_WORKER_STALE_SECONDS", 30))
+# WARDEN_SWEEPER_STALE_SECONDS: /readyz wants a sweep younger than this; default 150 (the
+# django-q2 schedule sweeps every minute where no `sweep --loop` runs).
+WARDEN_SWEEPER_STALE_SECONDS = float(os.environ.get("WARDEN_SWEEPER_STALE_SECONDS", 150))
+
+# WARDEN_METRICS_TOKEN: bearer token /metrics requires (`Authorization: Bearer …`); unset, only
+# WARDEN_METRICS_ALLOWED_IPS may scrape.
+WARDEN_METRICS_TOKEN = os.environ.get("WARDEN_METRICS_TOKEN") or None
+# WARDEN_METRICS_ALLOWED_IPS: comma-separated client addresses that may scrape /metrics without
+# the token; default the loopback addresses.
+WARDEN_METRICS_ALLOWED_IPS = [a.strip() for a in os.environ.get("WARDEN_METRICS_ALLOWED_IPS", "127.0.0.1,::1").split(",") if a.strip()]
+# WARDEN_METRICS_CACHE_SECONDS: a process answers scrapes from one PostgreSQL reading for this
+# long, so many scrapers cost one set of queries; default 5.
+WARDEN_METRICS_CACHE_SECONDS = float(os.environ.get("WARDEN_METRICS_CACHE_SECONDS", 5))
+# WARDEN_MODEL_PRICES: JSON {provider: {"input": USD, "output": USD}} per million tokens, for the
+# cost metric; default {} (cost 0, as for the scripted model).
+WARDEN_MODEL_PRICES = json.loads(os.environ.get("WARDEN_MODEL_PRICES") or "{}")
+
+# Tracing is OpenTelemetry's, configured by its standard variables and off unless they ask for
+# it: OTEL_TRACES_EXPORTER (`otlp` or `console`) or OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT turn it
+# on; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none keep it off; OTEL_SERVICE_NAME names
+# the service (default `warden`). The SDK reads the rest (sampler, headers, …) itself.
+WARDEN_TRACING = not _env_bool("OTEL_SDK_DISABLED", False) and (
+    os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() not in ("", "none")
+    or bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+)
+
+# WARDEN_PUBLIC_URL: where people reach this deployment; links in webhook bodies; default local.
+WARDEN_PUBLIC_URL = os.environ.get("WARDEN_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# WARDEN_WEBHOOK_TIMEOUT_SECONDS: how long one delivery attempt waits for the receiver; default 10.
+WARDEN_WEBHOOK_TIMEOUT_SECONDS = float(os.environ.get("WARDEN_WEBHOOK_TIMEOUT_SECONDS", 10))
+# WARDEN_WEBHOOK_MAX_ATTEMPTS: attempts before a delivery is given up (shown failed); default 12.
+WARDEN_WEBHOOK_MAX_ATTEMPTS = _env_int("WARDEN_WEBHOOK_MAX_ATTEMPTS", 12)
+# WARDEN_WEBHOOK_RETRY_BASE_SECONDS: wait after the first failed attempt (doubles, with jitter,
+# at most an hour); default 5.
+WARDEN_WEBHOOK_RETRY_BASE_SECONDS = float(os.environ.get("WARDEN_WEBHOOK_RETRY_BASE_SECONDS", 5))
+# WARDEN_APPROVAL_WARNING_SECONDS: an `approval.expiring` notification goes out this long before
+# a pending approval expires; default 3600.
+WARDEN_APPROVAL_WARNING_SECONDS = float(os.environ.get("WARDEN_APPROVAL_WARNING_SECONDS", 3600))

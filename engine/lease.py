@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from runs_app import liveness
 from runs_app.events import RunEventType
 from runs_app.models import RunPhase, RunStatus
 from runs_app.services import run_write
@@ -38,6 +39,7 @@ class Lease:
     run_id: str
     owner: str
     token: int
+    session_id: str = ""
 
 
 def run_claim(*, run_id, owner: str) -> Lease | None:
@@ -47,13 +49,15 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
-                'SELECT "lease_token" FROM "runs_app_run" WHERE "id" = %s AND "status" = %s FOR UPDATE SKIP LOCKED',
+                'SELECT "lease_token", "updated_at" FROM "runs_app_run" WHERE "id" = %s AND "status" = %s FOR UPDATE SKIP LOCKED',
                 [run_id, RunStatus.QUEUED],
             )
             row = cursor.fetchone()
         if row is None:
             return None
         now = timezone.now()
+        # Queue pickup latency: since the run was last queued (or re-announced by the sweeper).
+        liveness.observe("queue_pickup_seconds", max(0.0, (now - row[1]).total_seconds()))
         written = run_write(
             run_id=run_id,
             changes={
@@ -82,7 +86,7 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
             cursor.execute(
                 'UPDATE "runs_app_run" SET "started_at" = COALESCE("started_at", %s) WHERE "id" = %s', [now, run_id]
             )
-    return Lease(run_id=str(run_id), owner=owner, token=written.lease_token)
+    return Lease(run_id=str(run_id), owner=owner, token=written.lease_token, session_id=str(written.session_id))
 
 
 class Heartbeat(threading.Thread):

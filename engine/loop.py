@@ -18,6 +18,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
+from config.logs import log_context
+from config.tracing import span, span_set
 from engine import model_step, tool_exec
 from engine.actions.cancel import run_cancel_by_worker
 from engine.actions.runs import run_end
@@ -25,6 +27,7 @@ from engine.checkpoint import Checkpoint, CheckpointStale, RunFailure, StopDrivi
 from engine.faults import fault_point
 from engine.lease import Heartbeat, Lease, run_claim, worker_identity
 from engine.queue import run_enqueue
+from runs_app import liveness
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunErrorCode, RunStatus, Step, StepKind, StepStatus
 from runs_app.services import run_transition, step_transition
@@ -36,11 +39,26 @@ logger = logging.getLogger("warden.engine")
 
 
 def run_drive(*, run_id: str) -> str:
-    """Entry point of a worker task. Returns a short word for the task log."""
+    """Entry point of a worker task. Returns a short word for the task log (and the
+    `warden_worker_tasks_total` metric)."""
     close_old_connections()
-    lease = run_claim(run_id=run_id, owner=worker_identity())
-    if lease is None:
-        return "not-claimable"
+    owner = worker_identity()
+    with log_context(run_id=str(run_id), worker=owner):
+        lease = run_claim(run_id=run_id, owner=owner)
+        if lease is None:
+            liveness.count("tasks:not-claimable")
+            return "not-claimable"
+        with log_context(session_id=lease.session_id, lease_token=lease.token), \
+                span("run.slice", run_id=run_id, session_id=lease.session_id, lease_token=lease.token, worker=owner) as current:
+            outcome = _drive_claimed(lease)
+            span_set(current, outcome=outcome)
+            logger.info("run %s: time slice ended: %s", run_id, outcome, extra={"outcome": outcome})
+        liveness.count(f"tasks:{outcome}")
+        return outcome
+
+
+def _drive_claimed(lease: Lease) -> str:
+    run_id = lease.run_id
     fault_point("after_claim")
     heartbeat = Heartbeat(lease)
     heartbeat.start()
@@ -48,6 +66,9 @@ def run_drive(*, run_id: str) -> str:
     try:
         return driver.drive()
     except LeaseLost:
+        # A fenced write matched no row (or the heartbeat found the token gone first): another
+        # worker holds the run now, so this one stops without writing anything.
+        liveness.count("fenced_writes_refused")
         logger.warning("run %s: lease %s lost; stopping without further writes", run_id, lease.token)
         return "lease-lost"
     except (OperationalError, InterfaceError):

@@ -11,6 +11,8 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from config.logs import log_context
+from config.tracing import span, span_set
 from engine.actions.runs import run_end
 from engine.checkpoint import Checkpoint, RunFailure, StopDriving, model_calls_used
 from engine.context import context_build
@@ -166,7 +168,13 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
         max_output_tokens=output_token_limit(run),
     )
     try:
-        result = _stream(provider=provider, request=request, run=run, step=step, heartbeat=heartbeat)
+        with log_context(step=step.index), span(
+            "model.call", run_id=run.id, session_id=run.session_id, step=step.index, step_id=step.pk,
+            lease_token=lease.token, provider=run.provider, model_call=run.model_calls,
+        ) as current:
+            result = _stream(provider=provider, request=request, run=run, step=step, heartbeat=heartbeat)
+            span_set(current, finish_reason=result.finish_reason, input_tokens=result.input_tokens,
+                     output_tokens=result.output_tokens, tool_calls=len(result.calls), aborted=result.aborted or None)
     except _StreamBroken as broken:
         if isinstance(broken.error, PermanentModelError):
             _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"model error: {broken.error}",

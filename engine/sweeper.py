@@ -8,16 +8,20 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
-from engine.actions.approvals import approval_expire
+from engine.actions.approvals import approval_expire, approval_expiry_warn
 from engine.actions.messages import input_wait_expire
 from engine.actions.reconciliation import tool_call_reconcile_auto
 from engine.actions.runs import run_end, run_resume
 from engine.queue import run_enqueue, run_enqueue_now
-from runs_app.models import DEADLINE_PAUSED_WAITS, Run, RunErrorCode, RunStatus, WaitReason
+from runs_app import liveness
+from runs_app.events import RunEventType
+from runs_app.models import DEADLINE_PAUSED_WAITS, Run, RunErrorCode, RunEvent, RunStatus, WaitReason
 from runs_app.services import run_transition
 from sessions_app.models import IdempotencyRecord
 from sessions_app.services import session_lock
@@ -36,6 +40,7 @@ def sweep_once() -> dict:
         "backoffs_woken": _wake_backoffs(now),
         "approvals_expired": _expire_approvals(now),
         "questions_expired": _expire_questions(now),
+        "approvals_warned": _warn_expiring_approvals(now),
         "waits_healed": _heal_waits(),
         "reconciled": _reconcile(now),
         "deadlines_failed": _fail_past_deadline(now),
@@ -43,7 +48,8 @@ def sweep_once() -> dict:
         "idempotency_keys_purged": _purge_idempotency_keys(now),
     }
     if any(counts.values()):
-        logger.info("sweep: %s", counts)
+        logger.info("sweep: %s", counts, extra={"sweep": counts})
+    liveness.sweep_recorded(counts)
     return counts
 
 
@@ -83,6 +89,16 @@ def _expire_approvals(now) -> int:
 def _expire_questions(now) -> int:
     due = Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.WAITING_INPUT, expires_at__lte=now)
     return sum(input_wait_expire(run_id=run_id) for run_id in due.values_list("pk", flat=True)[:BATCH])
+
+
+def _warn_expiring_approvals(now) -> int:
+    """Pending approvals that expire within WARDEN_APPROVAL_WARNING_SECONDS get their one
+    `approval_expiring` event (and so their notification)."""
+    warned = RunEvent.objects.annotate(warned_approval=KeyTextTransform("approval", "payload")).filter(
+        run_id=OuterRef("run_id"), type=RunEventType.APPROVAL_EXPIRING, warned_approval=Cast(OuterRef("pk"), TextField()))
+    horizon = now + timedelta(seconds=settings.WARDEN_APPROVAL_WARNING_SECONDS)
+    due = Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__gt=now, expires_at__lte=horizon).exclude(Exists(warned))
+    return sum(approval_expiry_warn(approval=approval) for approval in due.order_by("expires_at")[:BATCH])
 
 
 def _heal_waits() -> int:

@@ -6,6 +6,8 @@ and a write that may have reached the downstream system but gave no clear answer
 `unknown` and waits for reconciliation.
 """
 
+import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -19,6 +21,8 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
+from config.logs import log_context
+from config.tracing import span, span_set
 from engine.actions.approvals import approval_expire, approval_request, tool_call_close_for_decision
 from engine.checkpoint import Checkpoint, CheckpointStale, StopDriving, budget_left
 from engine.faults import fault_point
@@ -62,7 +66,9 @@ def _within_timeout(tool, context: ToolContext, arguments):
         finally:
             connections.close_all()  # this thread's own database connections, if the tool opened any
 
-    thread = threading.Thread(target=call, name=f"tool-{tool.name}", daemon=True)
+    # In a copy of this thread's context: the tool's own spans and log lines stay the call's.
+    context_copy = contextvars.copy_context()
+    thread = threading.Thread(target=context_copy.run, args=(call,), name=f"tool-{tool.name}", daemon=True)
     thread.start()
     thread.join(tool.timeout)
     if thread.is_alive():
@@ -286,7 +292,27 @@ def _context(run: Run, call: ToolCall, tool) -> ToolContext:
     )
 
 
-def _read_once(run: Run, call: ToolCall) -> Outcome:
+def _tool_span(run: Run, call: ToolCall, lease_token: int | None):
+    """The tool call's span (a child of the run's slice) with its ids bound to log lines too."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(log_context(tool_call_id=str(call.id)))
+    current = stack.enter_context(span(
+        "tool.call", run_id=run.id, session_id=run.session_id, step_id=call.step_id, tool_call=call.id,
+        tool_call_id=call.tool_call_id, tool=call.tool_name, effect=call.effect, lease_token=lease_token,
+        idempotency_key=call.idempotency_key,
+    ))
+    return stack, current
+
+
+def _read_once(run: Run, call: ToolCall, lease_token: int | None = None) -> Outcome:
+    stack, current = _tool_span(run, call, lease_token)
+    with stack:
+        outcome = _read_attempts(run, call)
+        span_set(current, status=outcome.status, attempts=outcome.attempts, error_code=outcome.error_code or None)
+    return outcome
+
+
+def _read_attempts(run: Run, call: ToolCall) -> Outcome:
     tool = tool_get(call.tool_name)
     arguments = tool.arguments.model_validate(call.arguments)
     attempts = call.attempts
@@ -322,9 +348,12 @@ def _reads_execute(*, run: Run, lease: Lease, batch: list[ToolCall]) -> list[Out
             )
             run.phase = RunPhase.EXECUTING_TOOLS
     if len(batch) == 1:
-        return [_read_once(run, batch[0])]
+        return [_read_once(run, batch[0], lease.token)]
     with ThreadPoolExecutor(max_workers=min(8, len(batch))) as pool:
-        return list(pool.map(lambda c: _read_once(run, c), batch))
+        # Each read in a copy of this thread's context: its span is the slice's child, its log
+        # lines carry the run's ids.
+        contexts = [contextvars.copy_context() for _ in batch]
+        return list(pool.map(lambda c, ctx: ctx.run(_read_once, run, c, lease.token), batch, contexts))
 
 
 def _phase_event(run: Run) -> list[tuple[str, dict]]:
@@ -349,18 +378,21 @@ def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
         run.phase = RunPhase.EXECUTING_TOOLS
     fault_point("after_key_commit")
     arguments = tool.arguments.model_validate(call.arguments)
-    try:
-        result = _within_timeout(tool, _context(run, call, tool), arguments)
-        outcome = Outcome(call=call, status=ToolCallStatus.SUCCEEDED, result=result, attempts=call.attempts)
-    except ToolError as error:
-        outcome = Outcome(call=call, status=ToolCallStatus.FAILED, error_code=error.code, error_detail=error.detail, attempts=call.attempts)
-    except ToolOutcomeUnknown as error:
-        outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code="outcome_unknown", error_detail=error.detail, attempts=call.attempts)
-    except ToolTimedOut as error:
-        outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code=error.code, error_detail=error.detail, attempts=call.attempts)
-    except Exception as error:  # noqa: BLE001 - after sending, anything unexpected is "we don't know"
-        logger.exception("write tool %s raised unexpectedly", call.tool_name)
-        outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code="outcome_unknown", error_detail=repr(error)[:2000], attempts=call.attempts)
+    stack, current = _tool_span(run, call, lease.token)
+    with stack:
+        try:
+            result = _within_timeout(tool, _context(run, call, tool), arguments)
+            outcome = Outcome(call=call, status=ToolCallStatus.SUCCEEDED, result=result, attempts=call.attempts)
+        except ToolError as error:
+            outcome = Outcome(call=call, status=ToolCallStatus.FAILED, error_code=error.code, error_detail=error.detail, attempts=call.attempts)
+        except ToolOutcomeUnknown as error:
+            outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code="outcome_unknown", error_detail=error.detail, attempts=call.attempts)
+        except ToolTimedOut as error:
+            outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code=error.code, error_detail=error.detail, attempts=call.attempts)
+        except Exception as error:  # noqa: BLE001 - after sending, anything unexpected is "we don't know"
+            logger.exception("write tool %s raised unexpectedly", call.tool_name)
+            outcome = Outcome(call=call, status=ToolCallStatus.UNKNOWN, error_code="outcome_unknown", error_detail=repr(error)[:2000], attempts=call.attempts)
+        span_set(current, status=outcome.status, attempts=outcome.attempts, error_code=outcome.error_code or None)
     fault_point("after_downstream_call")
     return outcome
 

@@ -3,14 +3,27 @@
 Cancel is `run_cancel_request` (engine/actions/cancel.py), the same action the API and the
 console use; who may is the access policy's answer (sessions_app.access)."""
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 from django.urls import path
+from django.utils import timezone
 
 from approvals_app.admin_display import compact_arguments, pretty_json, table
 from approvals_app.models import Approval
-from config.admin_base import PolicyScopedAdmin, ReadOnlyInline
+from config.admin_base import PolicyScopedAdmin, ReadOnlyAdmin, ReadOnlyInline
 from runs_app.admin_views import run_cancel_view, runs_cancel_action, runs_retry_action
-from runs_app.models import ContextSummary, Run, RunEvent, Step
+from runs_app.models import (
+    ContextSummary,
+    DeliveryStatus,
+    NotificationKind,
+    ProcessHeartbeat,
+    Run,
+    RunEvent,
+    Step,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from sessions_app import access
 from tools_app.models import ToolCall
 from tools_app.selectors import applied_effects
@@ -149,3 +162,77 @@ class ContextSummaryAdmin(PolicyScopedAdmin):
         if not sessions.query.has_filters():
             return ContextSummary.objects.all()
         return ContextSummary.objects.filter(session__in=sessions)
+
+
+# ---------------------------------------------------------------------------
+# Operating it: webhook endpoints, their deliveries with attempts, process heartbeats
+# (docs/OPERATIONS.md). Endpoints are configuration, changed with Django's own permissions;
+# deliveries and heartbeats are records, read-only.
+# ---------------------------------------------------------------------------
+class WebhookEndpointForm(forms.ModelForm):
+    url = forms.URLField(max_length=500, assume_scheme="https", help_text="Where deliveries are POSTed.")
+    kinds = forms.MultipleChoiceField(choices=NotificationKind.choices, widget=forms.CheckboxSelectMultiple, required=False,
+                                      help_text="What this receiver is told about.")
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ("name", "url", "kinds", "active", "secret")
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = WebhookEndpointForm
+    list_display = ("name", "url", "kinds_display", "active", "created_at")
+    list_filter = ("active",)
+    readonly_fields = ("created_at", "updated_at")
+
+    @admin.display(description="kinds")
+    def kinds_display(self, obj):
+        return ", ".join(obj.kinds) or "—"
+
+
+class WebhookAttemptInline(ReadOnlyInline):
+    model = WebhookAttempt
+    fields = ("number", "deliverer", "started_at", "finished_at", "status_code", "error", "response_excerpt")
+    readonly_fields = fields
+    show_change_link = False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "kind", "endpoint", "status", "attempts", "last_status_code", "next_attempt_at", "created_at", "delivered_at")
+    list_select_related = ("endpoint",)
+    list_filter = ("status", "kind", "endpoint")
+    search_fields = ("=id", "=run__id")
+    readonly_fields = ("id", "endpoint", "kind", "run", "event_seq", "body_display", "status", "attempts", "next_attempt_at",
+                       "claimed_by", "claimed_until", "last_status_code", "last_error", "created_at", "delivered_at")
+    fields = readonly_fields
+    inlines = [WebhookAttemptInline]
+    actions = ("retry_now",)
+
+    @admin.display(description="body")
+    def body_display(self, obj):
+        return pretty_json(obj.body)
+
+    @admin.action(description="Attempt the selected deliveries again now", permissions=["view"])
+    def retry_now(self, request, queryset):
+        if not request.user.has_perm("runs_app.change_webhookdelivery"):
+            messages.error(request, "You may not retry deliveries (runs_app.change_webhookdelivery).")
+            return
+        count = queryset.exclude(status=DeliveryStatus.DELIVERED).update(
+            status=DeliveryStatus.PENDING, next_attempt_at=timezone.now())
+        messages.success(request, f"{count} deliver{'y' if count == 1 else 'ies'} will be attempted again at once.")
+
+
+@admin.register(WebhookAttempt)
+class WebhookAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("delivery", "number", "deliverer", "started_at", "finished_at", "status_code", "error")
+    list_select_related = ("delivery", "delivery__endpoint")
+    search_fields = ("=delivery__id",)
+
+
+@admin.register(ProcessHeartbeat)
+class ProcessHeartbeatAdmin(ReadOnlyAdmin):
+    list_display = ("identity", "role", "cluster", "host", "pid", "started_at", "beat_at")
+    list_filter = ("role",)
+    readonly_fields = ("identity", "role", "host", "pid", "cluster", "started_at", "beat_at", "counters", "gauges")

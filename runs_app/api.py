@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
 from django.core.handlers.asgi import ASGIRequest
+from django.db import connections
 from django.http import StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -23,6 +24,7 @@ from config.api_base import (
 )
 from engine.actions.cancel import run_cancel_request
 from engine.actions.runs import run_retry
+from runs_app import liveness
 from runs_app.models import RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_detail, run_event_list, run_event_poll, run_get, run_list, run_wait_clock
 from sessions_app import access
@@ -390,6 +392,14 @@ def _poll(state: _StreamState):
 
 
 def _sse_sync(state: _StreamState):
+    liveness.gauge_add("sse_clients", 1)
+    try:
+        yield from _sse_sync_frames(state)
+    finally:
+        liveness.gauge_add("sse_clients", -1)
+
+
+def _sse_sync_frames(state: _StreamState):
     yield "retry: 2000\n\n"
     while True:
         events, status, finished = _poll(state)
@@ -401,18 +411,33 @@ def _sse_sync(state: _StreamState):
             time.sleep(SSE_POLL_SECONDS)
 
 
+def _poll_and_release(state: _StreamState):
+    """Under ASGI: between polls a stream holds no database connection (the web process's pool
+    is shared by every request and stream)."""
+    try:
+        return _poll(state)
+    finally:
+        for conn in connections.all(initialized_only=True):
+            if not conn.in_atomic_block:  # a test's transaction holds its data: leave it be
+                conn.close_if_unusable_or_obsolete()
+
+
 async def _sse_async(state: _StreamState):
-    yield "retry: 2000\n\n"
-    poll = sync_to_async(_poll)
-    while True:
-        events, status, finished = await poll(state)
-        frames, done = state.step(events, finished, status)
-        for frame in frames:
-            yield frame
-        if done:
-            return
-        if len(events) < SSE_BATCH:
-            await asyncio.sleep(SSE_POLL_SECONDS)
+    liveness.gauge_add("sse_clients", 1)  # a connected client, for warden_live_clients
+    try:
+        yield "retry: 2000\n\n"
+        poll = sync_to_async(_poll_and_release)
+        while True:
+            events, status, finished = await poll(state)
+            frames, done = state.step(events, finished, status)
+            for frame in frames:
+                yield frame
+            if done:
+                return
+            if len(events) < SSE_BATCH:
+                await asyncio.sleep(SSE_POLL_SECONDS)
+    finally:
+        liveness.gauge_add("sse_clients", -1)
 
 
 SSE_RESPONSE = {

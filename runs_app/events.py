@@ -18,6 +18,8 @@ class RunEventType(models.TextChoices):
     APPROVAL_WITHDRAWN = "approval_withdrawn"
     INPUT_REQUESTED = "input_requested"
     INPUT_ANSWERED = "input_answered"
+    APPROVAL_EXPIRING = "approval_expiring"
+    RECONCILIATION_ESCALATED = "reconciliation_escalated"
     INPUT_QUEUED = "input_queued"
     INPUT_CLASSIFIED = "input_classified"
     INPUT_APPLIED = "input_applied"

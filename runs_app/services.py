@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
+from runs_app.notifications import notifications_for_events
 from runs_app.models import RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step, StepStatus, WaitReason
 from runs_app.transitions import RUN_TRANSITIONS, STEP_TRANSITIONS, LeaseLost, check_transition
 
@@ -121,6 +122,7 @@ def run_write(
             for i, (kind, payload) in enumerate(events)
         ]
         RunEvent.objects.bulk_create(records)
+        notifications_for_events(run_id=run_id, session_id=written.session_id, events=records)
         publish_events_on_commit(
             session_id=written.session_id,
             run_id=run_id,

@@ -64,3 +64,13 @@ def _events_match_their_contract(django_db_setup, django_db_blocker):
     problems = event_contract.undocumented(seen)
     if problems:
         pytest.fail("docs/EVENTS.md does not cover what the runs emitted:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_heartbeat_outlives_the_suite(django_db_setup):
+    """A test that imports the ASGI application in-process starts that process's web heartbeat
+    thread (runs_app.liveness); it is stopped before the test database is dropped."""
+    yield
+    from runs_app.liveness import heartbeat_thread_stop
+
+    heartbeat_thread_stop()

@@ -21,8 +21,8 @@ from approvals_app.services import (
 )
 from engine.actions.runs import run_resume
 from runs_app.events import RunEventType
-from runs_app.models import Run, RunStatus, WaitReason
-from runs_app.services import run_transition
+from runs_app.models import Run, RunEvent, RunStatus, WaitReason
+from runs_app.services import run_transition, run_write
 from sessions_app import access
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus
@@ -96,6 +96,24 @@ def approval_expire(*, approval: Approval, lease_token: int | None = None) -> bo
         tool_call_close_for_decision(approval=approval, lease_token=lease_token)
         if lease_token is None:
             run_resume(run_id=approval.run_id, wait_reasons=[WaitReason.APPROVAL], event_payload={"approval": str(approval.id)})
+    return True
+
+
+def approval_expiry_warn(*, approval: Approval) -> bool:
+    """An `approval_expiring` event on the run, once per pending approval (so subscribers are told
+    in time that nobody has decided yet). False when it was already warned, or is no longer
+    pending."""
+    with transaction.atomic():
+        approval = Approval.objects.select_for_update().select_related("tool_call").filter(
+            pk=approval.pk, status=ApprovalStatus.PENDING).first()
+        if approval is None or RunEvent.objects.filter(
+                run_id=approval.run_id, type=RunEventType.APPROVAL_EXPIRING, payload__approval=str(approval.id)).exists():
+            return False
+        run_write(run_id=approval.run_id, raise_on_miss=True, events=[(RunEventType.APPROVAL_EXPIRING, {
+            "approval": str(approval.id), "tool_call": str(approval.tool_call_id), "policy": approval.policy,
+            "status": approval.status, "expires_at": approval.expires_at.isoformat(), "tool": approval.tool_call.tool_name,
+            "arguments": approval.tool_call.arguments,
+        })])
     return True
 
 

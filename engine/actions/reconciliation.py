@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from approvals_app.services import audit_record
 from engine.actions.runs import run_resume
+from runs_app.events import RunEventType
 from runs_app.models import Run, WaitReason
 from runs_app.services import run_write
 from sessions_app import access
@@ -41,7 +42,7 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
                      before={"status": tool_call.status}, after={"requested": "downstream lookup"})
     tool = tool_get(tool_call.tool_name)
     if tool is None or tool.reconcile is None:
-        ToolCall.objects.filter(pk=tool_call.pk).update(next_attempt_at=None)
+        _give_up(tool_call=tool_call, reason="the tool has no reconcile function", changes={})
         return "manual"
     context = ToolContext(
         run_id=str(tool_call.run_id), session_id="", tool_call_id=str(tool_call.id),
@@ -61,17 +62,38 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
     if verdict is None:
         attempts = tool_call.reconcile_attempts + (0 if premature else 1)
         delay = min(300, 2**attempts) if not _within_grace(tool_call) else settings.WARDEN_RECONCILE_GRACE_SECONDS / 4
-        next_at = None if attempts >= RECONCILE_MAX_AUTO_ATTEMPTS else timezone.now() + timedelta(seconds=delay)
+        if attempts >= RECONCILE_MAX_AUTO_ATTEMPTS:
+            _give_up(tool_call=tool_call, reason=f"{attempts} inconclusive lookups by idempotency key",
+                     changes={"reconcile_attempts": attempts})
+            return "manual"
         ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(
-            reconcile_attempts=attempts, next_attempt_at=next_at
+            reconcile_attempts=attempts, next_attempt_at=timezone.now() + timedelta(seconds=delay)
         )
-        return "unresolved" if next_at else "manual"
+        return "unresolved"
     detail = verdict.detail or ("downstream has the request under this key" if verdict.applied else "downstream has no such request")
     tool_call_resolve(
         tool_call=tool_call, applied=verdict.applied, result=verdict.result,
         evidence=f"automatic reconciliation by idempotency key {tool_call.idempotency_key}: {detail}", acting_user=None,
     )
     return "resolved"
+
+
+def _give_up(*, tool_call: ToolCall, reason: str, changes: dict) -> None:
+    """Automatic reconciliation stops: the call waits in the operators' unknown-calls queue. The
+    first time (the call still had a next lookup planned) the run's log says so — a
+    `reconciliation_escalated` event, which notifies whoever subscribed (runs_app.notifications)."""
+    with transaction.atomic():
+        planned = (ToolCall.objects.select_for_update().filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN)
+                   .values_list("next_attempt_at", flat=True).first())
+        ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(next_attempt_at=None, **changes)
+        if planned is None:
+            return
+        run_write(run_id=tool_call.run_id, raise_on_miss=True, events=[(RunEventType.RECONCILIATION_ESCALATED, {
+            "tool_call": str(tool_call.id), "tool": tool_call.tool_name, "idempotency_key": tool_call.idempotency_key,
+            "reconcile_attempts": changes.get("reconcile_attempts", tool_call.reconcile_attempts), "reason": reason,
+        })])
+    logger.warning("tool call %s (%s) needs a person to reconcile it: %s", tool_call.id, tool_call.tool_name, reason,
+                   extra={"run_id": str(tool_call.run_id), "tool_call_id": str(tool_call.id)})
 
 
 def _check_reconciler(acting_user, tool_call: ToolCall) -> None:

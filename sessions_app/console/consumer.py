@@ -37,6 +37,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 
+from runs_app import liveness
 from runs_app.events import LiveDeltaKind, RunEventType
 from runs_app.live import session_group
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepKind, StepStatus
@@ -125,9 +126,14 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         self.text_sent: dict[tuple[str, int], int] = {}
         self.calls_sent: dict[tuple[str, int, int], int] = {}  # per (run, step, call index), likewise
         await self.accept()
+        liveness.gauge_add("websocket_clients", 1)  # a connected console, for warden_live_clients
+        self.counted = True
         self.rechecking = asyncio.create_task(self._recheck_access())
 
     async def disconnect(self, code):
+        if getattr(self, "counted", False):
+            self.counted = False
+            liveness.gauge_add("websocket_clients", -1)
         if getattr(self, "rechecking", None) is not None:
             self.rechecking.cancel()
         for session_id in getattr(self, "sessions", set()):

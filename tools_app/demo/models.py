@@ -107,3 +107,21 @@ class SimFault(models.Model):
 
     def __str__(self) -> str:
         return f"{self.target}: {self.mode} ({self.remaining})"
+
+
+class SimWebhookReceipt(models.Model):
+    """What the demo's webhook receiver page (/sim/webhooks/, demo mode only) was sent: a
+    stand-in for an on-call tool, so a person can watch Warden's notifications arrive."""
+
+    webhook_id = models.CharField(max_length=100)
+    webhook_timestamp = models.CharField(max_length=20)
+    kind = models.CharField(max_length=60, blank=True)
+    body = models.TextField()
+    signature_valid = models.BooleanField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-received_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.webhook_id}"

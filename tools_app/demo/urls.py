@@ -13,4 +13,6 @@ urlpatterns = [
     path("refunds", views.refunds_view, name="refunds"),
     path("refunds/count", views.refund_count_view, name="refund-count"),
     path("faults", views.faults_view, name="faults"),
+    # Demo mode only: where the demo's webhook endpoint delivers, and a page listing what came.
+    path("webhooks/", views.webhook_receiver_view, name="webhooks"),
 ]

@@ -10,12 +10,17 @@ import json
 from decimal import Decimal, InvalidOperation
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, JsonResponse
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, JsonResponse
+from django.shortcuts import render
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from tools_app.demo.faults import fault_before_work, fault_deliver
-from tools_app.demo.models import SimFaultTarget
+from runs_app.models import WebhookEndpoint
+from runs_app.notifications import webhook_signature_valid
+from tools_app.demo.models import SimFaultTarget, SimWebhookReceipt
 from tools_app.demo.selectors import (
     sim_fault_list,
     sim_order_detail,
@@ -213,3 +218,44 @@ def faults_view(request: HttpRequest) -> JsonResponse:
         except SimError as exc:
             return _error(exc.status, exc.code, exc.detail)
     return JsonResponse({"faults": sim_fault_list()})
+
+
+# The demo's webhook endpoint (runs_app.WebhookEndpoint), created by `manage.py demo_setup`.
+DEMO_WEBHOOK_ENDPOINT = "Demo receiver"
+
+
+@csrf_exempt
+def webhook_receiver_view(request: HttpRequest):
+    """Demo mode only: receives Warden's webhooks (POST; the signature is checked with the demo
+    endpoint's secret and the result recorded) and lists them for staff (GET)."""
+    if not settings.WARDEN_DEMO:
+        raise Http404("the webhook receiver exists in demo mode only")
+    endpoint = WebhookEndpoint.objects.filter(name=DEMO_WEBHOOK_ENDPOINT).first()
+    if request.method == "POST":
+        body = request.body
+        valid = endpoint is not None and webhook_signature_valid(
+            secret=endpoint.secret, webhook_id=request.headers.get("webhook-id", ""),
+            timestamp=request.headers.get("webhook-timestamp", ""), body=body,
+            signatures=request.headers.get("webhook-signature", ""))
+        try:
+            kind = str(json.loads(body).get("type", ""))[:60]
+        except (ValueError, AttributeError):
+            kind = ""
+        SimWebhookReceipt.objects.create(webhook_id=request.headers.get("webhook-id", "")[:100],
+                                         webhook_timestamp=request.headers.get("webhook-timestamp", "")[:20],
+                                         kind=kind, body=body.decode("utf-8", "replace"), signature_valid=valid)
+        return JsonResponse({"received": True, "signature_valid": valid}, status=200 if valid else 400)
+    if request.method != "GET":
+        return _method_not_allowed(request, ["GET", "POST"])
+    if not (request.user.is_authenticated and request.user.is_staff):
+        return redirect_to_login(request.get_full_path())
+    receipts = list(SimWebhookReceipt.objects.all()[:100])
+    seen: dict[str, int] = {}
+    for receipt in reversed(receipts):
+        receipt.duplicate = receipt.webhook_id in seen
+        seen[receipt.webhook_id] = 1
+        try:
+            receipt.pretty = json.dumps(json.loads(receipt.body), indent=2, sort_keys=True)
+        except ValueError:
+            receipt.pretty = receipt.body
+    return render(request, "demo/webhooks.html", {"receipts": receipts, "endpoint": endpoint})

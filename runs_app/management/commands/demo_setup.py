@@ -1,10 +1,14 @@
 import os
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import transaction
+
+from runs_app.models import NotificationKind, WebhookEndpoint
+from tools_app.demo.views import DEMO_WEBHOOK_ENDPOINT
 
 DEMO_OPERATOR = ("operator", "operator-demo-pass")
 DEMO_CUSTOMER = ("alice", "alice-demo-pass")
@@ -28,6 +32,12 @@ class Command(BaseCommand):
             operator.user_permissions.add(Permission.objects.get(codename="decide_approval"))
         except Permission.DoesNotExist:
             pass
+        # The demo's webhook endpoint: every notification kind, to the receiver page at /sim/webhooks/
+        # (served in demo mode only), so a person can watch deliveries arrive.
+        WebhookEndpoint.objects.update_or_create(
+            name=DEMO_WEBHOOK_ENDPOINT,
+            defaults={"url": f"{settings.WARDEN_PUBLIC_URL}/sim/webhooks/", "kinds": list(NotificationKind.values), "active": True},
+        )
         if os.environ.get("WARDEN_SKIP_DEMO_SEED") != "1":
             try:
                 call_command("seed_demo", verbosity=0)
@@ -37,6 +47,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo accounts — operator (admin): {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}; "
-                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}"
+                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}; "
+                f"webhooks arrive at {settings.WARDEN_PUBLIC_URL}/sim/webhooks/"
             )
         )

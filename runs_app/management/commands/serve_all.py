@@ -43,6 +43,8 @@ class Command(BaseCommand):
                 f"  console      {base}/console/\n"
                 f"  admin        {base}/admin/\n"
                 f"  API docs     {base}/api/v1/docs\n"
+                f"  webhooks     {base}/sim/webhooks/ (the demo receiver)\n"
+                f"  health       {base}/readyz, metrics {base}/metrics\n"
                 f"  operator     {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}\n"
                 f"  customer     {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}\n"
                 "Press Ctrl-C to stop.\n"
