@@ -3,6 +3,7 @@ stalled mid-stream and taken over (its late write refused), and the refund of SP
 approval, a gateway timeout, reconciliation. Every family of issue 15 is asserted against what
 the database says happened, scraped over HTTP from the real web server."""
 
+import os
 import signal
 import threading
 from datetime import timedelta
@@ -50,6 +51,13 @@ def _seconds(delta) -> float:
 def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, operator):
     from django_q.models import Task
 
+    from runs_app.liveness import heartbeat_thread_stop
+    from runs_app.models import ProcessHeartbeat
+
+    # Only the scenario's processes report: earlier tests drove runs in this process, and its
+    # heartbeat (started when a test imported the ASGI application) would add their counts.
+    heartbeat_thread_stop()
+    ProcessHeartbeat.objects.filter(pid=os.getpid()).delete()
     customer = UserFactory(username="metrics-customer")
     procs.start_web()
 
