@@ -131,16 +131,23 @@ def _invalid_cursor(request, exc: InvalidCursor):
 
 def _field_name(error: dict) -> str:
     loc = [str(part) for part in error.get("loc", ())]
-    # ninja nests body fields under the parameter name: body.payload.content → body.content
-    if len(loc) >= 3 and loc[0] == "body":
+    # ninja nests the body under the parameter name: body.payload.content → body.content, and
+    # body.payload (the body itself) → body. Every operation has at most one body parameter.
+    if len(loc) >= 2 and loc[0] == "body":
         loc = [loc[0], *loc[2:]]
     return ".".join(loc)
+
+
+def _field_message(error: dict) -> str:
+    if error.get("type") == "model_type":  # a body, or an object inside one, that is not an object
+        return "must be a JSON object"
+    return str(error.get("msg", "invalid"))
 
 
 @api.exception_handler(ValidationError)
 def _validation_error(request, exc: ValidationError):
     fields = [
-        {"field": _field_name(error), "message": str(error.get("msg", "invalid")), "type": str(error.get("type", "invalid"))}
+        {"field": _field_name(error), "message": _field_message(error), "type": str(error.get("type", "invalid"))}
         for error in exc.errors
     ]
     summary = "; ".join(f"{f['field']}: {f['message']}" for f in fields[:5])

@@ -19,7 +19,7 @@ from pydantic_core import to_json
 
 from approvals_app.api import ApprovalOut
 from config.api_base import (
-    COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
 )
 from engine.actions.cancel import run_cancel_request
 from runs_app.models import RunPhase, RunStatus, WaitReason
@@ -161,7 +161,7 @@ class EventPage(Schema):
     finished: bool = Field(description="the run is terminal and every event has been returned")
 
 
-class CancelIn(Schema):
+class CancelIn(BodyIn):
     reason: StorableText = Field("", max_length=300)
 
 
