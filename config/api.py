@@ -6,6 +6,7 @@ exceptions. Anything else is a bug, logged and answered with a JSON 500.
 """
 
 import logging
+import math
 from functools import wraps
 
 from django.conf import settings
@@ -15,7 +16,7 @@ from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
-from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.renderers import BaseRenderer
 from pydantic_core import to_json
 
@@ -23,6 +24,7 @@ from approvals_app.api import router as approvals_router
 from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalExpired, ApprovalNotPermitted
 from config.api_base import API_AUTH, ApiError
 from config.pagination import InvalidCursor
+from config.throttling import API_THROTTLES
 from engine.actions.cancel import RunNotCancellable
 from engine.actions.reconciliation import ReconcileError
 from runs_app.api import router as runs_router
@@ -48,6 +50,10 @@ decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unkn
 Whatever you may not see answers 404.
 
 **Errors** are JSON `{"code": "...", "message": "...", "fields": [...]}`; `code` is stable.
+
+**Rate limits.** Requests are counted per API key, per user, and POSTs per user (the deployment's
+settings `WARDEN_API_RATE_PER_KEY`, `WARDEN_API_RATE_PER_USER`, `WARDEN_API_WRITE_RATE_PER_USER`);
+over a limit the answer is `429` `{"code": "throttled"}` with a `Retry-After` header in seconds.
 """
 
 
@@ -102,6 +108,7 @@ api = WardenAPI(
     description=DESCRIPTION,
     urls_namespace="api-v1",
     auth=API_AUTH,
+    throttle=API_THROTTLES,
     renderer=JsonRenderer(),
 )
 api.add_router("/me", me_router)
@@ -170,6 +177,15 @@ def _http_error(request, exc: HttpError):
     if exc.status_code == 400 and "parse" in str(exc).lower():
         code = "malformed_body"
     return _error(request, exc.status_code, code, str(exc))
+
+
+@api.exception_handler(Throttled)
+def _throttled(request, exc: Throttled):
+    retry_after = max(1, math.ceil(exc.wait or 1))
+    response = _error(request, 429, "throttled",
+                      f"Too many requests: this API key or user is over its rate limit; retry in {retry_after} s.")
+    response["Retry-After"] = str(retry_after)
+    return response
 
 
 @api.exception_handler(Http404)
