@@ -5,14 +5,22 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# Every package, pinned with its hashes: what CI tested is what installs. pyproject.toml's ranges
+# are the source; `make lock` refreshes this file from them (README, "Dependencies").
+LOCK := requirements.lock
+PIP_COMPILE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test setup migrate bench bench-telemetry bench-api bench-ws soak stop-db clean
+.PHONY: run test setup migrate lock bench bench-telemetry bench-api bench-ws soak stop-db clean
 
-$(STAMP): pyproject.toml
+# Local commands run in demo mode, where the development SECRET_KEY is accepted (config/settings.py);
+# the test suite brings its own key (tests/settings.py).
+run migrate bench bench-api bench-ws soak stop-db: export WARDEN_DEMO ?= 1
+
+$(STAMP): $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet ".[test]"
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation .
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -49,8 +57,16 @@ bench-ws: migrate
 soak: migrate
 	$(PY) bench/chaos_soak.py
 
+# After changing dependencies in pyproject.toml (needs the package index). Keeps every other pin;
+# `make lock PIP_COMPILE_ARGS=--upgrade` moves everything to the newest versions the ranges allow.
+lock:
+	@test -x .venv-lock/bin/pip-compile || ($(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet "pip-tools>=7.4,<8")
+	CUSTOM_COMPILE_COMMAND="make lock" .venv-lock/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+		--extra test --build-deps-for wheel --strip-extras --no-emit-index-url --no-emit-find-links \
+		$(PIP_COMPILE_ARGS) -o $(LOCK) pyproject.toml
+
 stop-db: setup
 	$(PY) manage.py embedded_db stop
 
 clean:
-	rm -rf $(VENV) .pytest_cache test-artifacts
+	rm -rf $(VENV) .venv-lock .pytest_cache test-artifacts

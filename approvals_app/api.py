@@ -10,7 +10,7 @@ from ninja import Field, Query, Router, Schema
 
 from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from approvals_app.selectors import approval_get, approval_list
-from config.api_base import COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
+from config.api_base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
 from engine.actions.approvals import approval_decide
 from sessions_app import access
 from tools_app.models import ToolCallStatus
@@ -59,7 +59,7 @@ class ApprovalPage(Schema):
     next_cursor: str | None
 
 
-class DecisionIn(Schema):
+class DecisionIn(BodyIn):
     decision: Literal["approve", "reject"]
     note: StorableText = Field("", max_length=2000, description="why; shown to the model on rejection")
 

@@ -6,6 +6,7 @@ exceptions. Anything else is a bug, logged and answered with a JSON 500.
 """
 
 import logging
+import math
 from functools import wraps
 
 from django.conf import settings
@@ -15,7 +16,7 @@ from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
-from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 from ninja.renderers import BaseRenderer
 from pydantic_core import to_json
 
@@ -24,6 +25,7 @@ from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, Approv
 from config.api_base import API_AUTH, ApiError
 from config.idempotency import idempotent
 from config.pagination import InvalidCursor
+from config.throttling import API_THROTTLES
 from engine.actions.cancel import RunNotCancellable
 from engine.actions.reconciliation import ReconcileError
 from engine.actions.runs import RunNotRetryable
@@ -54,6 +56,10 @@ same key and body again return the first response (with `Idempotent-Replayed: tr
 nothing twice; the same key with a different body is a 409. Keys are kept for a day by default.
 
 **Errors** are JSON `{"code": "...", "message": "...", "fields": [...]}`; `code` is stable.
+
+**Rate limits.** Requests are counted per API key, per user, and POSTs per user (the deployment's
+settings `WARDEN_API_RATE_PER_KEY`, `WARDEN_API_RATE_PER_USER`, `WARDEN_API_WRITE_RATE_PER_USER`);
+over a limit the answer is `429` `{"code": "throttled"}` with a `Retry-After` header in seconds.
 """
 
 
@@ -108,6 +114,7 @@ api = WardenAPI(
     description=DESCRIPTION,
     urls_namespace="api-v1",
     auth=API_AUTH,
+    throttle=API_THROTTLES,
     renderer=JsonRenderer(),
 )
 api.add_router("/me", me_router)
@@ -137,16 +144,23 @@ def _invalid_cursor(request, exc: InvalidCursor):
 
 def _field_name(error: dict) -> str:
     loc = [str(part) for part in error.get("loc", ())]
-    # ninja nests body fields under the parameter name: body.payload.content → body.content
-    if len(loc) >= 3 and loc[0] == "body":
+    # ninja nests the body under the parameter name: body.payload.content → body.content, and
+    # body.payload (the body itself) → body. Every operation has at most one body parameter.
+    if len(loc) >= 2 and loc[0] == "body":
         loc = [loc[0], *loc[2:]]
     return ".".join(loc)
+
+
+def _field_message(error: dict) -> str:
+    if error.get("type") == "model_type":  # a body, or an object inside one, that is not an object
+        return "must be a JSON object"
+    return str(error.get("msg", "invalid"))
 
 
 @api.exception_handler(ValidationError)
 def _validation_error(request, exc: ValidationError):
     fields = [
-        {"field": _field_name(error), "message": str(error.get("msg", "invalid")), "type": str(error.get("type", "invalid"))}
+        {"field": _field_name(error), "message": _field_message(error), "type": str(error.get("type", "invalid"))}
         for error in exc.errors
     ]
     summary = "; ".join(f"{f['field']}: {f['message']}" for f in fields[:5])
@@ -169,6 +183,15 @@ def _http_error(request, exc: HttpError):
     if exc.status_code == 400 and "parse" in str(exc).lower():
         code = "malformed_body"
     return _error(request, exc.status_code, code, str(exc))
+
+
+@api.exception_handler(Throttled)
+def _throttled(request, exc: Throttled):
+    retry_after = max(1, math.ceil(exc.wait or 1))
+    response = _error(request, 429, "throttled",
+                      f"Too many requests: this API key or user is over its rate limit; retry in {retry_after} s.")
+    response["Retry-After"] = str(retry_after)
+    return response
 
 
 @api.exception_handler(Http404)

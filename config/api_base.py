@@ -1,6 +1,7 @@
 """What every router of the HTTP API shares: authentication, the error shape, input types that
 cannot crash the database, and keyset cursors. The API itself is assembled in config/api.py."""
 
+import re
 from datetime import datetime, timezone
 from typing import Annotated
 
@@ -8,7 +9,7 @@ from django.conf import settings
 from ninja import Schema
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 
@@ -47,7 +48,8 @@ class ErrorOut(Schema):
 
 
 def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
-    return {status: ErrorOut for status in statuses}
+    # Every operation can be rate-limited (config/throttling.py): 429 with Retry-After.
+    return {status: ErrorOut for status in (*statuses, 429)}
 
 
 # Every authenticated operation can answer these.
@@ -57,6 +59,14 @@ COMMON_ERRORS = errors(401, 404, 422)
 # ---------------------------------------------------------------------------
 # Input types
 # ---------------------------------------------------------------------------
+
+class BodyIn(BaseModel):
+    """The base of every request body, and of every object inside one: a JSON object and nothing
+    else. A ninja Schema would read attributes off whatever it is given (PITFALLS.md): a body of
+    "hello" became a session titled "Hello" (str.title), and `[1, 2]`, `123`, `true` or
+    `"budgets": "lots"` passed as objects with every field defaulted. A plain pydantic model
+    answers them with a validation error (422, `type: model_type`) naming where."""
+
 
 def storable_text(value: str) -> str:
     # PostgreSQL text cannot hold NUL, and lone surrogates cannot be encoded as UTF-8: both
@@ -82,8 +92,19 @@ def _utc(value: datetime) -> datetime:
         raise ValueError("timestamp out of range") from exc
 
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _iso_8601_only(value):
+    # pydantic also reads a number as seconds since 1970: `created_before=0.5` would be a date in
+    # 1970 where the schema promises a date-time string.
+    if isinstance(value, (int, float)) or (isinstance(value, str) and _NUMBER.fullmatch(value.strip())):
+        raise ValueError("must be an ISO 8601 date-time, e.g. 2025-01-31T12:00:00Z, not a number")
+    return value
+
+
 # Query timestamps: ISO 8601; without an offset they mean UTC.
-Timestamp = Annotated[datetime, AfterValidator(_utc)]
+Timestamp = Annotated[datetime, BeforeValidator(_iso_8601_only), AfterValidator(_utc)]
 
 
 # ---------------------------------------------------------------------------

@@ -11,22 +11,21 @@ if not settings.configured:
 django_asgi_app = get_asgi_application()  # set up Django before importing consumers
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from runs_app.liveness import heartbeat_thread_start  # noqa: E402
 from runs_app.models import ProcessRole  # noqa: E402
+from config.security import StaticFilesHandler, TrustedOriginValidator  # noqa: E402
 from sessions_app.console.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Static files (admin and console CSS/JS) are served by the app itself, so `make run`
         # needs no separate web server; a production deployment may put a CDN in front.
-        "http": ASGIStaticFilesHandler(django_asgi_app),
-        # Origin checked against ALLOWED_HOSTS, then the Django session identifies the user;
-        # consumers check ownership themselves.
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "http": StaticFilesHandler(django_asgi_app),
+        # The Origin must be exactly one of CSRF_TRUSTED_ORIGINS (config/security.py); then the
+        # Django session identifies the user, and consumers check ownership themselves.
+        "websocket": TrustedOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
 

@@ -3,9 +3,12 @@ each documented where it is read."""
 
 import json
 import os
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -21,18 +24,38 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-# SECRET_KEY: signs sessions and CSRF tokens. The default is for local development only.
-SECRET_KEY = os.environ.get("SECRET_KEY", "warden-insecure-development-key-change-me")
-# WARDEN_DEMO: demo mode (the demo world, its webhook receiver page); default off.
-WARDEN_DEMO = _env_bool("WARDEN_DEMO", False)
+def _env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def _env_rate(name: str, default: str) -> str:
+    """A rate limit, `count/period` with period s, min, hour or day (django-ninja's format)."""
+    value = os.environ.get(name, default).strip()
+    if not re.fullmatch(r"[1-9][0-9]*/(s|sec|m|min|h|hour|d|day)", value):
+        raise ImproperlyConfigured(f"{name} must look like 60/min (count/s|min|hour|day), not {value!r}.")
+    return value
+
+
 # DEBUG: Django's debug mode; off unless set to 1/true.
 DEBUG = _env_bool("DEBUG", False)
+# WARDEN_DEMO: demo mode (the demo agent, tools, data and simulated payment service); default off.
+WARDEN_DEMO = _env_bool("WARDEN_DEMO", False)
+# SECRET_KEY: signs sessions, CSRF tokens and password resets; required (at least 50 random
+# characters) unless DEBUG or WARDEN_DEMO is on, where a development key stands in.
+DEVELOPMENT_SECRET_KEY = "warden-insecure-development-key-change-me"
+SECRET_KEY = os.environ.get("SECRET_KEY") or DEVELOPMENT_SECRET_KEY
+if SECRET_KEY == DEVELOPMENT_SECRET_KEY and not (DEBUG or WARDEN_DEMO):
+    raise ImproperlyConfigured(
+        "SECRET_KEY is not set, and Warden will not run with its development key outside DEBUG or demo mode. "
+        "Set SECRET_KEY to a long random value, e.g. "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'` (docs/DEPLOYMENT.md), "
+        "or set WARDEN_DEMO=1 to run the demo."
+    )
 # ALLOWED_HOSTS: comma-separated host names this server answers to; default local only.
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h.strip()]
-# CSRF_TRUSTED_ORIGINS: comma-separated origins allowed to POST with cookies; default the local server.
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000").split(",") if o.strip()
-]
+ALLOWED_HOSTS = _env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
+# CSRF_TRUSTED_ORIGINS: comma-separated origins (scheme://host[:port]) trusted to POST with cookies
+# and to open the console's websocket (config/security.py); default the local server.
+CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", "http://127.0.0.1:8000,http://localhost:8000")
 
 INSTALLED_APPS = [
     "daphne",  # must precede staticfiles so `runserver` is the ASGI one
@@ -45,6 +68,8 @@ INSTALLED_APPS = [
     "channels",
     "channels_postgres",
     "django_q",
+    "ninja",  # the API docs page uses ninja's bundled Swagger UI, not a CDN (PITFALLS.md)
+    "axes",
     "sessions_app",
     "runs_app",
     "tools_app",
@@ -54,12 +79,15 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a login refused during a lockout into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -135,10 +163,79 @@ else:
     # default). Without it every disconnect fails and leaves its channel in the group for good.
     DATABASES["channels_postgres"] = {**_db, "TEST": {"MIRROR": "default"}}
 
+# CACHES: "default" is shared by every process, so a rate limit counts the requests of all of
+# them: Redis when REDIS_URL is set, otherwise a PostgreSQL table (sessions_app migration 0004).
+# WARDEN_CACHE_PREFIX: the prefix of this deployment's keys there (one Redis may serve several); default warden.
+_cache_prefix = os.environ.get("WARDEN_CACHE_PREFIX", "warden")
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": _cache_prefix}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "warden_cache",
+                          "KEY_PREFIX": _cache_prefix}}
+# Per process: django-q2's cluster statistics, which it would otherwise write twice a second.
+CACHES["local"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+
+# ---------------------------------------------------------------------------
+# Logins and rate limits (docs/SECURITY.md)
+# ---------------------------------------------------------------------------
+# django-axes watches every login (console and admin); its state lives in PostgreSQL, so every
+# web process sees the same failures. The first backend refuses a locked-out login outright.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+# Failures count per username and, separately, per client address: either reaching the limit locks.
+# The client address is REMOTE_ADDR; behind a proxy, run daphne with --proxy-headers.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# WARDEN_LOGIN_FAILURE_LIMIT: failed logins (per username, and per address) that lock logins; default 10.
+AXES_FAILURE_LIMIT = _env_int("WARDEN_LOGIN_FAILURE_LIMIT", 10)
+# WARDEN_LOGIN_LOCKOUT_SECONDS: how long a lockout lasts after the last attempt (every attempt
+# during a lockout, even with the right password, starts it again); default 900.
+AXES_COOLOFF_TIME = timedelta(seconds=_env_int("WARDEN_LOGIN_LOCKOUT_SECONDS", 900))
+AXES_RESET_ON_SUCCESS = True
+# The lockout page says for how long (sessions_app/console/views.py), on both logins.
+AXES_LOCKOUT_CALLABLE = "sessions_app.console.views.login_locked_out"
+
+# API rate limits (config/throttling.py): each a sliding window `count/period` (s, min, hour, day)
+# on the shared cache; over it, 429 {"code": "throttled"} with Retry-After.
+# WARDEN_API_RATE_PER_KEY: requests one API key may make; default 300/min.
+WARDEN_API_RATE_PER_KEY = _env_rate("WARDEN_API_RATE_PER_KEY", "300/min")
+# WARDEN_API_RATE_PER_USER: requests one user may make, all their keys and their browser together; default 600/min.
+WARDEN_API_RATE_PER_USER = _env_rate("WARDEN_API_RATE_PER_USER", "600/min")
+# WARDEN_API_WRITE_RATE_PER_USER: POSTs (new sessions, messages that start runs, cancels,
+# decisions) one user may make; default 60/min.
+WARDEN_API_WRITE_RATE_PER_USER = _env_rate("WARDEN_API_WRITE_RATE_PER_USER", "60/min")
+
+# ---------------------------------------------------------------------------
+# HTTPS and browser hardening (the production profile: docs/DEPLOYMENT.md)
+# ---------------------------------------------------------------------------
+# WARDEN_HTTPS: the site is reached over HTTPS only (directly or through a TLS-terminating proxy):
+# cookies are Secure, plain HTTP is redirected to HTTPS and HSTS is sent; default off.
+WARDEN_HTTPS = _env_bool("WARDEN_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = WARDEN_HTTPS
+# WARDEN_PROXY_SSL_HEADER: the header a TLS-terminating proxy sets to `https` (e.g. X-Forwarded-Proto);
+# only for a proxy that always sets or strips it, or a client could claim HTTPS; default none.
+_proxy_ssl_header = os.environ.get("WARDEN_PROXY_SSL_HEADER", "").strip()
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
+# SECURE_HSTS_SECONDS: how long browsers must use HTTPS only; default a year with WARDEN_HTTPS, else 0.
+SECURE_HSTS_SECONDS = _env_int("SECURE_HSTS_SECONDS", 31_536_000 if WARDEN_HTTPS else 0)
+# SECURE_HSTS_INCLUDE_SUBDOMAINS / SECURE_HSTS_PRELOAD: HSTS for every subdomain too / allow
+# submission to browsers' preload list; default on with WARDEN_HTTPS (turn off if a subdomain has no HTTPS).
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", WARDEN_HTTPS)
+SECURE_HSTS_PRELOAD = _env_bool("SECURE_HSTS_PRELOAD", WARDEN_HTTPS)
+# WARDEN_CONTENT_SECURITY_POLICY: the Content-Security-Policy of every page (config/security.py);
+# default: scripts, styles, images, fonts and connections (the console's websocket included) from
+# this origin only — no inline script or style, no CDN, no framing.
+CONTENT_SECURITY_POLICY = os.environ.get(
+    "WARDEN_CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -262,6 +359,7 @@ Q_CLUSTER = {
     "poll": float(os.environ.get("WARDEN_Q_POLL", 0.05)),
     "recycle": 500,
     "label": "Task queue",
+    "cache": "local",
 }
 if REDIS_URL and _env_bool("WARDEN_REDIS_BROKER", False):
     # WARDEN_REDIS_BROKER: use Redis as the task broker instead of the ORM; default off.

@@ -20,7 +20,7 @@ from pydantic_core import to_json
 
 from approvals_app.api import ApprovalOut
 from config.api_base import (
-    COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
 )
 from engine.actions.cancel import run_cancel_request
 from engine.actions.runs import run_retry
@@ -171,7 +171,7 @@ class EventPage(Schema):
     finished: bool = Field(description="the run is terminal and every event has been returned")
 
 
-class CancelIn(Schema):
+class CancelIn(BodyIn):
     reason: StorableText = Field("", max_length=300)
 
 

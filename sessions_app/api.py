@@ -10,7 +10,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
 from config.api_base import (
-    COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found,
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found,
 )
 from engine.actions.messages import message_post
 from runs_app.api import RunOut
@@ -98,17 +98,17 @@ class SessionDetailOut(SessionOut):
     pending_inputs: list[PendingInputOut] = Field(description="input waiting for the active run to read it")
 
 
-class SessionIn(Schema):
+class SessionIn(BodyIn):
     title: StorableText = Field("", max_length=200)
 
 
-class BudgetsIn(Schema):
+class BudgetsIn(BodyIn):
     max_model_calls: int | None = Field(None, ge=1, le=1000)
     max_tokens: int | None = Field(None, ge=1, le=10_000_000)
     deadline_seconds: int | None = Field(None, ge=1, le=7 * 86_400, description="wall-clock limit from now")
 
 
-class MessageIn(Schema):
+class MessageIn(BodyIn):
     content: StorableText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     mode: InputMode = Field(
         InputMode.AUTO,

@@ -121,6 +121,8 @@ def api_key_authenticate(*, token: str):
         return None
     # ModelBackend's own per-user cache (what get_all_permissions would fill with two queries).
     owner._perm_cache = set(permissions)
+    # Which key it was: the API's per-key rate limit counts by it (config/throttling.py).
+    owner.api_key_id = key_id
     now = timezone.now()
     if last_used_at is None or now - last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=key_id).update(last_used_at=now)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from django.core.exceptions import ObjectDoesNotExist
 from ninja import Field, Query, Router, Schema
 
-from config.api_base import COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
+from config.api_base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
 from tools_app.models import Resolution, ToolCallStatus, ToolEffect
 from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
 from sessions_app import access
@@ -65,7 +65,7 @@ class ToolCallPage(Schema):
     next_cursor: str | None
 
 
-class ResolveIn(Schema):
+class ResolveIn(BodyIn):
     applied: bool = Field(description="true: the downstream system did apply it (→ succeeded); false: it did not (→ failed)")
     evidence: StorableText = Field(min_length=1, max_length=5000, description="what shows it, e.g. the ledger entry")
     result: dict[str, Any] | None = Field(None, description="the call's result when applied")

@@ -2,16 +2,20 @@
 websocket (sessions_app.console.consumer). Checks and actions are sessions_app.console.actions,
 shared with the socket; what a run looks like is sessions_app.console.presenters."""
 
+import math
 import uuid
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import SuspiciousFileOperation
 from django.db.models import OuterRef, Subquery
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django.views.static import serve
 
@@ -58,6 +62,20 @@ class ConsoleLoginView(auth_views.LoginView):
 
 class ConsoleLogoutView(auth_views.LogoutView):
     next_page = LOGIN_URL
+
+
+def login_locked_out(request, original_response=None, credentials=None):
+    """django-axes' answer to a login while logins are locked (settings.AXES_LOCKOUT_CALLABLE), on the
+    console's and the admin's login alike: 429, how long, and Retry-After. The attempt that got
+    here started the lockout again, so it ends one lockout period from now."""
+    lockout = settings.AXES_COOLOFF_TIME
+    ends_at = timezone.now() + lockout
+    minutes = max(1, math.ceil(lockout.total_seconds() / 60))
+    response = render(request, "console/locked_out.html", {
+        "minutes": minutes, "ends_at": ends_at, "login_url": request.path,
+    }, status=429)
+    response["Retry-After"] = str(math.ceil(lockout.total_seconds()))
+    return response
 
 
 def _session_list(user):
@@ -203,7 +221,11 @@ def console_approval_decide_view(request, approval_id):
 @require_GET
 def console_asset(request, path):
     """The console's own JS and CSS. daphne serves no /static/ when DEBUG is off, and the
-    console must work in exactly that configuration."""
-    response = serve(request, path, document_root=ASSETS_DIR)
+    console must work in exactly that configuration. A path that leaves the folder is a 404
+    like any missing file."""
+    try:
+        response = serve(request, path, document_root=ASSETS_DIR)
+    except SuspiciousFileOperation as error:
+        raise Http404("No such asset.") from error
     response["Cache-Control"] = "no-cache"
     return response

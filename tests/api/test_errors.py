@@ -39,6 +39,52 @@ def test_a_body_of_the_wrong_shape_is_422(world, alice_api):
         assert response.status_code in (400, 422)
 
 
+NOT_OBJECTS = ['"hello"', "[1, 2]", "123", "true", "null"]
+BODY_IS_NOT_AN_OBJECT = {"field": "body", "message": "must be a JSON object", "type": "model_type"}
+
+
+@pytest.mark.parametrize("raw", NOT_OBJECTS)
+def test_a_session_body_that_is_not_an_object_is_422_and_creates_nothing(alice_api, raw):
+    before = Session.objects.count()
+    response = alice_api.client.post("/api/v1/sessions", raw, content_type="application/json", **alice_api.headers)
+    body = assert_error(response, 422, "validation_error")
+    assert body["fields"] == [BODY_IS_NOT_AN_OBJECT]
+    assert Session.objects.count() == before
+
+
+def test_every_body_of_the_api_refuses_json_that_is_not_an_object(alice_api):
+    """Every operation that takes a body, as the OpenAPI schema lists them (a new one is covered
+    the day it appears): a string, array, number, boolean or null body is a 422 naming `body`."""
+    schema = alice_api.get("/openapi.json").json()
+    with_body = [(path, method) for path, operations in schema["paths"].items()
+                 for method, operation in operations.items() if "requestBody" in operation]
+    assert len(with_body) >= 5, with_body
+    nowhere = "6f1c2b8e-0000-4000-8000-000000000001"
+    for path, method in with_body:
+        url = path.replace("{session_id}", nowhere).replace("{run_id}", nowhere).replace(
+            "{approval_id}", nowhere).replace("{tool_call_id}", nowhere)
+        assert method == "post" and "{" not in url, (method, path)
+        for raw in NOT_OBJECTS[:-1] if "cancel" in path else NOT_OBJECTS:  # a cancel's body is optional
+            response = alice_api.client.post(url, raw, content_type="application/json", **alice_api.headers)
+            body = assert_error(response, 422, "validation_error")
+            assert BODY_IS_NOT_AN_OBJECT in body["fields"], (path, raw, body)
+
+
+@pytest.mark.parametrize("budgets", ["lots", [1, 2], 5, True])
+def test_budgets_that_are_not_an_object_are_422_not_ignored(world, alice_api, budgets):
+    before = (Message.objects.count(), Run.objects.count())
+    response = alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "refund 9527", "budgets": budgets})
+    body = assert_error(response, 422, "validation_error")
+    assert body["fields"] == [{"field": "body.budgets", "message": "must be a JSON object", "type": "model_type"}]
+    assert (Message.objects.count(), Run.objects.count()) == before
+
+
+@pytest.mark.parametrize("value", ["0.5", "1700000000", "-3", "1e9"])
+def test_a_number_is_not_a_timestamp(alice_api, value):
+    body = assert_error(alice_api.get("/runs", {"created_before": value}), 422, "validation_error")
+    assert [f["field"] for f in body["fields"]] == ["query.created_before"]
+
+
 def test_form_encoded_body_is_refused(world, alice_api):
     response = alice_api.client.post(f"/api/v1/sessions/{world.session.pk}/messages", {"content": "hi"}, **alice_api.headers)
     assert response.status_code in (400, 422)

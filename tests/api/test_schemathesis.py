@@ -1,6 +1,7 @@
 """Property-based testing against the live OpenAPI schema: schemathesis generates requests for
 every operation (valid and invalid), authenticated with a real API key of a user who owns
-data, and checks that no response is a 5xx and every response matches the schema.
+data, and checks that no response is a 5xx, every response matches the schema, and a request
+the schema does not allow (a body that is not an object, a field of the wrong type) is refused.
 
 Bounded: a couple of dozen examples per operation, so it is part of the normal suite."""
 
@@ -14,7 +15,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
-    content_type_conformance, response_schema_conformance, status_code_conformance,
+    content_type_conformance, negative_data_rejection, response_schema_conformance, status_code_conformance,
 )
 
 from tests.api.conftest import build_world
@@ -65,14 +66,26 @@ def real_ids(world) -> dict[str, list[str]]:
 def test_api_never_fails_and_always_matches_its_schema(case, owner_data):
     ids = real_ids(owner_data["world"])
     counter = owner_data.setdefault("counter", itertools.count())
+    altered = {"header"}  # the Authorization header is always replaced by the owner's key
     for name, value in list((case.path_parameters or {}).items()):
         if name in ids and next(counter) % 2 == 0:
             choices = ids[name][:1] if case.path.endswith("/stream") else ids[name]
             case.path_parameters[name] = choices[hash(str(value)) % len(choices)]
+            altered.add("path")
     if case.path.endswith("/stream"):
         # A live run's stream waits for events; keep every stream short.
         case.query = {**(case.query or {}), "max_seconds": 1}
-    case.call_and_validate(
-        headers={"Authorization": f"Bearer {owner_data['secret']}"},
-        checks=[not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance],
-    )
+        altered.add("query")
+    checks = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
+    # A request the schema does not allow must be refused — unless this test replaced the part
+    # that made it invalid (then it is no longer what the generator meant to send).
+    if not negated_parts(case) & altered:
+        checks.append(negative_data_rejection)
+    case.call_and_validate(headers={"Authorization": f"Bearer {owner_data['secret']}"}, checks=checks)
+
+
+def negated_parts(case) -> set[str]:
+    """Where the generator made the case invalid: path, query, header, cookie, body."""
+    if case.meta is None:
+        return set()
+    return {location.name.lower() for location, info in case.meta.components.items() if info.mode.is_negative}

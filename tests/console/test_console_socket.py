@@ -37,15 +37,28 @@ def run_status(run_id) -> str:
 # --- who may connect and watch -------------------------------------------------------------------
 
 
-def test_cross_origin_handshake_is_refused_with_debug_off(procs):
-    procs.base_env["DEBUG"] = "0"  # AllowedHostsOriginValidator lets every origin through in DEBUG
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_only_the_exact_trusted_origin_may_open_a_socket(procs, debug):
+    """The Origin must be one of CSRF_TRUSTED_ORIGINS to the letter — scheme, host and port — with
+    DEBUG off and on: a page on another port or scheme of the same host is another site, and the
+    browser would send it the logged-in operator's cookie (cross-site websocket hijacking)."""
+    procs.base_env["DEBUG"] = debug
     procs.start_web()
     user = UserFactory()
-    with pytest.raises(InvalidStatus) as refused:
-        open_socket(procs, user=user, origin="http://evil.example")
-    assert refused.value.response.status_code == 403
-    with open_socket(procs, user=user, origin=procs.base_url):
-        pass  # the same user from the console's own origin is let in
+    foreign = [
+        "http://127.0.0.1:9999", "https://127.0.0.1:8000", "http://localhost:1", "http://evil.example",
+        f"https://127.0.0.1:{procs.port}", f"http://127.0.0.1:{procs.port + 1}", f"http://localhost:{procs.port}",
+        f"http://127.0.0.1:{procs.port}/console/", "null",
+    ]
+    refused = {}
+    for origin in foreign:
+        with pytest.raises(InvalidStatus) as denied:
+            open_socket(procs, user=user, origin=origin)
+        refused[origin] = denied.value.response.status_code
+    assert refused == {origin: 403 for origin in foreign}
+    with ConsoleSocket(open_socket(procs, user=user, origin=procs.base_url)) as console:
+        # The console's own origin is let in, and the socket works.
+        assert console.subscribe(session_create(owner=user, title="mine").pk)["type"] == "subscribed"
 
 
 def test_anonymous_handshake_is_refused(procs):

@@ -55,6 +55,8 @@ class ProcessGroup:
             **os.environ,
             "DATABASE_URL": test_database_url(),
             "WARDEN_SIM_BASE_URL": f"http://127.0.0.1:{self.port}/sim",
+            # The server's own origin is the one trusted to post and to open the console's socket.
+            "CSRF_TRUSTED_ORIGINS": f"http://127.0.0.1:{self.port}",
             "WARDEN_LEASE_SECONDS": "4",
             "WARDEN_HEARTBEAT_SECONDS": "0.5",
             "WARDEN_SWEEP_SECONDS": "0.5",

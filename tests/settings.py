@@ -1,0 +1,17 @@
+"""The test suite's settings: config/settings.py with what a test run needs and a fresh clone does
+not have. Set in the environment (not here), so the servers and workers the tests start inherit
+them, and a test that sets its own value for a process it starts keeps it."""
+
+import os
+import uuid
+
+# Outside DEBUG and demo mode Warden refuses its development key; tests get a key of their own.
+os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
+# The suite makes many requests as few users from one address; the rate-limit tests set low limits.
+os.environ.setdefault("WARDEN_API_RATE_PER_KEY", "100000/min")
+os.environ.setdefault("WARDEN_API_RATE_PER_USER", "100000/min")
+os.environ.setdefault("WARDEN_API_WRITE_RATE_PER_USER", "100000/min")
+# The shared cache may be a Redis other test runs use too: this run's keys are its own.
+os.environ.setdefault("WARDEN_CACHE_PREFIX", f"test-{uuid.uuid4().hex[:12]}")
+
+from config.settings import *  # noqa: E402,F401,F403
