@@ -20,6 +20,9 @@ setup: $(STAMP)
 migrate: setup
 	$(PY) manage.py migrate --noinput
 
+# `make run` is demo mode (WARDEN_DEMO=1): the demo world's app, tools, accounts and data, and its
+# simulated payment service on a port of its own (:8001). Without WARDEN_DEMO none of them exists.
+run: export WARDEN_DEMO = 1
 run: migrate
 	$(PY) manage.py demo_setup
 	$(PY) manage.py serve_all
@@ -28,7 +31,8 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks are run by hand (never by the suite); results go to docs/BENCHMARKS.md and
-# docs/RELIABILITY.md.
+# docs/RELIABILITY.md. They drive the demo world, so they run in demo mode.
+bench bench-api bench-ws soak: export WARDEN_DEMO = 1
 bench: migrate
 	$(PY) bench/engine_step.py
 

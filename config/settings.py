@@ -22,6 +22,10 @@ def _env_int(name: str, default: int) -> int:
 
 # SECRET_KEY: signs sessions and CSRF tokens. The default is for local development only.
 SECRET_KEY = os.environ.get("SECRET_KEY", "warden-insecure-development-key-change-me")
+# WARDEN_DEMO: demo mode — the demo world's app, tools and data, and its simulated payment service
+# (served on a port of its own by `manage.py serve_all`, never by this application); on in
+# `make run` and in the test suite (config/test_settings.py), off by default.
+WARDEN_DEMO = _env_bool("WARDEN_DEMO", False)
 # DEBUG: Django's debug mode; off unless set to 1/true.
 DEBUG = _env_bool("DEBUG", False)
 # ALLOWED_HOSTS: comma-separated host names this server answers to; default local only.
@@ -46,7 +50,8 @@ INSTALLED_APPS = [
     "runs_app",
     "tools_app",
     "approvals_app",
-    "tools_app.demo",
+    # The demo world (simulated orders, refunds and faults) exists only in demo mode.
+    *(["tools_app.demo"] if WARDEN_DEMO else []),
 ]
 
 MIDDLEWARE = [
@@ -196,8 +201,12 @@ WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
 WARDEN_CONSOLE_RECHECK_SECONDS = float(os.environ.get("WARDEN_CONSOLE_RECHECK_SECONDS", 30))
 
 # WARDEN_TOOL_MODULES: comma-separated dotted paths of the modules that register the deployment's
-# tools (imported at start-up); default the demo world's tools.
-WARDEN_TOOL_MODULES = [m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "tools_app.demo.tools").split(",") if m.strip()]
+# tools (imported at start-up); default none — in demo mode, the demo world's tools.
+WARDEN_TOOL_MODULES = [
+    m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "tools_app.demo.tools" if WARDEN_DEMO else "").split(",") if m.strip()
+]
+if not WARDEN_DEMO and any(m == "tools_app.demo" or m.startswith("tools_app.demo.") for m in WARDEN_TOOL_MODULES):
+    raise RuntimeError("WARDEN_TOOL_MODULES names the demo world's tools, which exist only in demo mode: set WARDEN_DEMO=1 or remove them.")
 # Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.
 WARDEN_PROVIDERS = {
     "scripted": "runs_app.providers.scripted.ScriptedProvider",
@@ -214,8 +223,9 @@ OPENAI_MODEL = os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
 # OPENAI_TIMEOUT_SECONDS: per-request timeout of the OpenAI-compatible client; default 60.
 OPENAI_TIMEOUT_SECONDS = float(os.environ.get("OPENAI_TIMEOUT_SECONDS", 60))
 
-# WARDEN_SIM_BASE_URL: where demo tools reach the simulated order/payment service; default this server.
-WARDEN_SIM_BASE_URL = os.environ.get("WARDEN_SIM_BASE_URL", "http://127.0.0.1:8000/sim")
+# WARDEN_SIM_BASE_URL: where the demo tools reach the simulated order/payment service (demo mode);
+# default the simulator's own daphne that `manage.py serve_all` starts on the web port + 1.
+WARDEN_SIM_BASE_URL = os.environ.get("WARDEN_SIM_BASE_URL", "http://127.0.0.1:8001/sim")
 
 # WARDEN_FAULT_POINTS: test-only; comma-separated `point=action` pairs (action: die, pause:SECONDS)
 # that make a worker stop at a named dangerous moment. Ignored unless WARDEN_ALLOW_FAULTS is set.

@@ -1,4 +1,4 @@
-"""JSON endpoints of the simulated order/payment service, mounted at /sim/.
+"""JSON endpoints of the simulated order/payment service, at /sim/ on its own server (tools_app/demo/asgi.py).
 
 Machine endpoints, so csrf_exempt — except the fault switchboard, which is for staff signed in
 with a Django session and therefore checks CSRF (answering JSON, not Django's HTML page).

@@ -1,9 +1,8 @@
-import os
-
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 DEMO_OPERATOR = ("operator", "operator-demo-pass")
@@ -11,10 +10,25 @@ DEMO_CUSTOMER = ("alice", "alice-demo-pass")
 
 
 class Command(BaseCommand):
-    help = "Create the demo operator and customer accounts and seed the demo world (idempotent)."
+    help = "Create the demo operator and customer accounts and seed the demo world (idempotent; demo mode only)."
 
-    @transaction.atomic
     def handle(self, *args, **options):
+        if not settings.WARDEN_DEMO:
+            # Well-known passwords and a superuser have no place in a real deployment.
+            raise CommandError(
+                "demo_setup creates the demo accounts (with well-known passwords) and the demo world, which exist "
+                "only in demo mode: set WARDEN_DEMO=1 (`make run` does)."
+            )
+        with transaction.atomic():
+            self._accounts_and_world()
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Demo accounts — operator (admin): {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}; "
+                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}"
+            )
+        )
+
+    def _accounts_and_world(self):
         User = get_user_model()
         operator, _ = User.objects.get_or_create(username=DEMO_OPERATOR[0], defaults={"is_staff": True})
         operator.is_staff = True
@@ -28,15 +42,4 @@ class Command(BaseCommand):
             operator.user_permissions.add(Permission.objects.get(codename="decide_approval"))
         except Permission.DoesNotExist:
             pass
-        if os.environ.get("WARDEN_SKIP_DEMO_SEED") != "1":
-            try:
-                call_command("seed_demo", verbosity=0)
-            except Exception as exc:  # the demo world arrives with the engine; accounts work without it
-                if "Unknown command" not in str(exc):
-                    raise
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"Demo accounts — operator (admin): {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}; "
-                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}"
-            )
-        )
+        call_command("seed_demo", verbosity=0)
