@@ -44,7 +44,8 @@ Browsers use their Django session; unsafe methods then need the `X-CSRFToken` he
 **Scope.** You see your own sessions, runs, tool calls and approvals. Operators' extra powers
 come from permissions: `runs_app.view_run` (read any run), `runs_app.change_run` (cancel any
 run), `sessions_app.view_session` (read any session), `approvals_app.decide_approval` (see and
-decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls).
+decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls). Four
+eyes: neither decision is yours to make in your own session.
 Whatever you may not see answers 404.
 
 **Errors** are JSON `{"code": "...", "message": "...", "fields": [...]}`; `code` is stable.

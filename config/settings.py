@@ -194,7 +194,7 @@ WARDEN_CONTEXT_TOKENS = _env_int("WARDEN_CONTEXT_TOKENS", 8000)
 # WARDEN_RECONCILE_GRACE_SECONDS: how long after an ambiguous write a "not found downstream"
 # answer is still treated as "maybe not booked yet" rather than "not applied"; default 30.
 WARDEN_RECONCILE_GRACE_SECONDS = float(os.environ.get("WARDEN_RECONCILE_GRACE_SECONDS", 30))
-# WARDEN_FOUR_EYES: forbid operators from approving requests raised in their own sessions; default on.
+# WARDEN_FOUR_EYES: forbid operators from deciding approvals, or reconciling tool calls, of their own sessions; default on.
 WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
 # WARDEN_CONSOLE_RECHECK_SECONDS: how often an open console socket checks its user may still
 # see what it watches (logged out, deactivated, permission lost).

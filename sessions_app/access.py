@@ -10,7 +10,11 @@ from being staff:
   runs_app.change_run             cancel any run (and so read it)
   sessions_app.view_session       read any session (its history and pending input), not its runs
   approvals_app.decide_approval   see and decide operator-level approvals, never in one's own session
-  tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown
+  tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown, never in one's
+                                  own session
+
+Four eyes (WARDEN_FOUR_EYES, on by default) applies to every human decision an operator makes:
+nobody approves, or records the outcome of, a write requested in their own session.
 
 Inactive and anonymous users may do nothing. The admin is the operators' desk: Django admits
 only active staff to it, and inside it asks this module like every other surface.
@@ -206,9 +210,20 @@ def can_reconcile(*, user) -> bool:
     return is_active(user) and user.has_perm(RECONCILE_TOOL_CALLS)
 
 
-def why_cannot_reconcile(*, user, tool_call: ToolCall) -> str:
+def why_not_a_reconciler(*, user, tool_call: ToolCall) -> str:
+    """'' when `user` is someone who may reconcile `tool_call` (whatever its status now) — ask the
+    downstream system on their behalf, or record its outcome; otherwise the reason, in words for the desk."""
     if not can_reconcile(user=user):
         return "Reconciling needs the tools_app.reconcile_toolcall permission."
+    if settings.WARDEN_FOUR_EYES and user.pk == tool_call.run.session.owner_id:
+        return "Four eyes: you may not reconcile a tool call made in your own session."
+    return ""
+
+
+def why_cannot_reconcile(*, user, tool_call: ToolCall) -> str:
+    """'' when `user` may reconcile `tool_call` now; otherwise the reason."""
+    if refusal := why_not_a_reconciler(user=user, tool_call=tool_call):
+        return refusal
     if tool_call.status != ToolCallStatus.UNKNOWN:
         return f"This tool call is {tool_call.status}, not unknown; nothing to reconcile."
     return ""

@@ -75,10 +75,11 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
 
 
 def _check_reconciler(acting_user, tool_call: ToolCall) -> None:
-    refusal = access.why_cannot_reconcile(user=acting_user, tool_call=tool_call)
-    if refusal:
-        code = "not_permitted" if not access.can_reconcile(user=acting_user) else "not_unknown"
-        raise ReconcileError(code, refusal)
+    """The policy's answer (permission, four eyes), then the call's state."""
+    if refusal := access.why_not_a_reconciler(user=acting_user, tool_call=tool_call):
+        raise ReconcileError("not_permitted", refusal)
+    if refusal := access.why_cannot_reconcile(user=acting_user, tool_call=tool_call):
+        raise ReconcileError("not_unknown", refusal)
 
 
 def _within_grace(tool_call: ToolCall) -> bool:
@@ -88,10 +89,10 @@ def _within_grace(tool_call: ToolCall) -> bool:
 
 def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acting_user, result: dict | None = None) -> ToolCall:
     """Record the truth about an unknown call: applied → succeeded, not applied → failed. A human
-    needs the permission and must give evidence; the decision is audited. The run resumes
-    once none of its calls is unknown."""
-    if acting_user is not None and not access.can_reconcile(user=acting_user):
-        raise ReconcileError("not_permitted", access.why_cannot_reconcile(user=acting_user, tool_call=tool_call))
+    needs the permission, may not be the session's owner (four eyes) and must give evidence; the
+    decision is audited. The run resumes once none of its calls is unknown."""
+    if acting_user is not None and (refusal := access.why_not_a_reconciler(user=acting_user, tool_call=tool_call)):
+        raise ReconcileError("not_permitted", refusal)
     if not (evidence or "").strip():
         raise ReconcileError("evidence_required", "Evidence is required to record an outcome.")
     to = ToolCallStatus.SUCCEEDED if applied else ToolCallStatus.FAILED
