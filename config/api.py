@@ -26,6 +26,7 @@ from config.pagination import InvalidCursor
 from engine.actions.cancel import RunNotCancellable
 from engine.actions.reconciliation import ReconcileError
 from runs_app.api import router as runs_router
+from runs_app.services import RunBudgetsOverCap
 from runs_app.transitions import IllegalTransition, LeaseLost
 from sessions_app.api import me_router
 from sessions_app.api import router as sessions_router
@@ -45,7 +46,8 @@ Browsers use their Django session; unsafe methods then need the `X-CSRFToken` he
 come from permissions: `runs_app.view_run` (read any run), `runs_app.change_run` (cancel any
 run), `sessions_app.view_session` (read any session), `approvals_app.decide_approval` (see and
 decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls). Four
-eyes: neither decision is yours to make in your own session.
+eyes: neither decision is yours to make in your own session. A message's `budgets` are capped by the
+deployment (422 `budget_over_cap` names the cap) unless you have `runs_app.exceed_budget_caps`.
 Whatever you may not see answers 404.
 
 **Errors** are JSON `{"code": "...", "message": "...", "fields": [...]}`; `code` is stable.
@@ -179,6 +181,16 @@ def _does_not_exist(request, exc):
 @api.exception_handler(SessionError)
 def _session_error(request, exc: SessionError):
     return _error(request, 422, exc.code, exc.message)
+
+
+@api.exception_handler(RunBudgetsOverCap)
+def _budgets_over_cap(request, exc: RunBudgetsOverCap):
+    fields = [
+        {"field": f"body.budgets.{over.field}", "type": "budget_over_cap",
+         "message": f"at most {over.cap} (the cap {over.setting}) without the runs_app.exceed_budget_caps permission"}
+        for over in exc.over
+    ]
+    return _error(request, 422, exc.code, exc.message, fields)
 
 
 @api.exception_handler(RunNotCancellable)

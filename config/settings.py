@@ -183,6 +183,14 @@ WARDEN_MAX_MODEL_CALLS = _env_int("WARDEN_MAX_MODEL_CALLS", 20)
 WARDEN_MAX_TOKENS = _env_int("WARDEN_MAX_TOKENS", 200_000)
 # WARDEN_RUN_DEADLINE_SECONDS: default wall-clock limit of a run from its creation; default 3600.
 WARDEN_RUN_DEADLINE_SECONDS = _env_int("WARDEN_RUN_DEADLINE_SECONDS", 3600)
+# Caps on the budgets a request may ask for (POST /sessions/{id}/messages `budgets`); above one the
+# request is refused (422) unless the caller has the runs_app.exceed_budget_caps permission.
+# WARDEN_MODEL_CALLS_CAP: the most model calls a request may give its run; default 50 (at least the default budget).
+WARDEN_MODEL_CALLS_CAP = _env_int("WARDEN_MODEL_CALLS_CAP", max(50, WARDEN_MAX_MODEL_CALLS))
+# WARDEN_TOKENS_CAP: the most tokens a request may give its run; default 500000 (at least the default budget).
+WARDEN_TOKENS_CAP = _env_int("WARDEN_TOKENS_CAP", max(500_000, WARDEN_MAX_TOKENS))
+# WARDEN_DEADLINE_CAP_SECONDS: the longest deadline a request may give its run; default 14400 (4 h; at least the default).
+WARDEN_DEADLINE_CAP_SECONDS = _env_int("WARDEN_DEADLINE_CAP_SECONDS", max(14_400, WARDEN_RUN_DEADLINE_SECONDS))
 # WARDEN_MAX_MODEL_RETRIES: transient model errors tolerated per run before it fails; default 5.
 WARDEN_MAX_MODEL_RETRIES = _env_int("WARDEN_MAX_MODEL_RETRIES", 5)
 # WARDEN_RETRY_BASE_SECONDS: first backoff after a transient model error (doubles, with jitter); default 1.

@@ -8,6 +8,7 @@ from being staff:
   runs_app.view_run               read any run (its steps, events, tool calls, approvals) and the
                                   session it belongs to (a run's steps already show its history)
   runs_app.change_run             cancel any run (and so read it)
+  runs_app.exceed_budget_caps     start runs with budgets above the configured caps
   sessions_app.view_session       read any session (its history and pending input), not its runs
   approvals_app.decide_approval   see and decide operator-level approvals, never in one's own session
   tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown, never in one's
@@ -32,6 +33,7 @@ from tools_app.models import ToolCall, ToolCallStatus
 
 VIEW_ANY_RUN = "runs_app.view_run"
 CANCEL_ANY_RUN = "runs_app.change_run"
+EXCEED_BUDGET_CAPS = "runs_app.exceed_budget_caps"
 VIEW_ANY_SESSION = "sessions_app.view_session"
 DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
 RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
@@ -109,6 +111,11 @@ def can_see_run(*, user, run: Run) -> bool:
 def can_see_runs_of(*, user, session: Session) -> bool:
     """Run visibility within a session is all or nothing: its owner's, or an operator's who reads any run."""
     return _owns(user, session.owner_id) or reads_any_run(user)
+
+
+def may_exceed_budget_caps(user) -> bool:
+    """May ask for budgets above the deployment's caps (WARDEN_MODEL_CALLS_CAP and the others)."""
+    return is_active(user) and user.has_perm(EXCEED_BUDGET_CAPS)
 
 
 def cancels_any_run(user) -> bool:

@@ -8,7 +8,8 @@ from engine.actions.cancel import run_cancel_request
 from engine.actions.runs import run_start
 from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus
-from runs_app.services import run_event_append
+from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps, run_event_append
+from sessions_app import access
 from sessions_app.models import InputMode, Message, PendingInput, Session
 from sessions_app.services import message_text_checked, session_lock
 
@@ -33,8 +34,14 @@ def message_post(
     """With no active run the message starts one (queued, enqueued after commit); while a run
     is active the input is stored as pending — never lost, never a second concurrent run — and
     the run reads it at its next safe point. An intent switch for a run nobody is driving (it
-    waits for a person, or is queued) cancels it at once; the input then starts the next run."""
+    waits for a person, or is queued) cancels it at once; the input then starts the next run.
+    Requested `budgets` above the deployment's caps are refused (RunBudgetsOverCap) unless the
+    poster may exceed them; the run records who set them."""
     content = message_text_checked(content=content, mode=mode)
+    budgets = budgets or None
+    if budgets and not access.may_exceed_budget_caps(acting_user):
+        if over := run_budgets_over_caps(budgets=budgets):
+            raise RunBudgetsOverCap(over)
     with transaction.atomic():
         # Lock the session: two posts at once must not both see "no active run".
         session_lock(session_id=session.pk)

@@ -27,7 +27,8 @@ def run_start(*, session: Session, content: str, acting_user, budgets=None, prov
     """A new queued run whose first message is the user's `content`, enqueued after commit.
     The caller holds the session lock; the database's partial unique index refuses a second
     active run in the session whatever happens."""
-    run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options)
+    run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options,
+                     budgets_set_by=acting_user if budgets else None)
     (message,) = messages_append(session_id=session.pk, messages=[Message(role=MessageRole.USER, content=content, run=run)])
     run_enqueue(run.id)
     return run, message
