@@ -2,7 +2,9 @@
 
 Every answer that is not a success is JSON `{"code", "message", "fields"?}` with a 4xx status:
 the handlers below translate validation errors, authentication failures and the services'
-exceptions. Anything else is a bug, logged and answered with a JSON 500.
+exceptions. A write PostgreSQL rolled back because of a concurrent one (a deadlock or a
+serialization failure) is a 503 with Retry-After: the client sends it again. Anything else is a
+bug, logged and answered with a JSON 500.
 """
 
 import logging
@@ -10,7 +12,7 @@ from functools import wraps
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation
-from django.db import DataError
+from django.db import DataError, OperationalError
 from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
@@ -34,6 +36,9 @@ from sessions_app.services import SessionError
 from tools_app.api import router as tools_router
 
 logger = logging.getLogger("warden.api")
+
+# Seconds a client is asked to wait before retrying a write PostgreSQL rolled back (Retry-After).
+RETRY_AFTER_SECONDS = 1
 
 DESCRIPTION = """\
 Start, watch, steer and query agent runs.
@@ -227,6 +232,19 @@ def _data_error(request, exc):
     # Input the schema let through but PostgreSQL refused (a value out of a column's range).
     logger.warning("database refused API input on %s %s: %s", request.method, request.path, exc)
     return _error(request, 422, "invalid_value", "A value is out of the range this API can store.")
+
+
+@api.exception_handler(OperationalError)
+def _operational_error(request, exc: OperationalError):
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    if not sqlstate.startswith("40"):  # class 40, transaction rollback: serialization_failure, deadlock_detected…
+        return _unexpected(request, exc)
+    # The transaction was rolled back whole; the same request again is safe and usually succeeds.
+    logger.warning("database rolled back %s %s (SQLSTATE %s): answered 503", request.method, request.path, sqlstate)
+    response = _error(request, 503, "try_again",
+                      "A concurrent change made the database roll this one back; retry it shortly.")
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
 
 
 @api.exception_handler(RequestDataTooBig)

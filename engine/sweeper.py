@@ -47,7 +47,7 @@ def _revoke_expired_leases(now) -> int:
     for run_id in Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]:
         with transaction.atomic():
             run = (
-                Run.objects.select_for_update(skip_locked=True)
+                Run.objects.select_for_update(skip_locked=True, no_key=True)  # no_key: see session_lock
                 .filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__lt=timezone.now())
                 .first()
             )
@@ -109,7 +109,7 @@ def _fail_past_deadline(now) -> int:
     for run in overdue[:BATCH]:
         with transaction.atomic():
             session_lock(session_id=run.session_id)
-            run = Run.objects.select_for_update().get(pk=run.pk)
+            run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
             if run.status not in (RunStatus.QUEUED, RunStatus.WAITING) or writes_in_doubt(run_id=run.id).exists():
                 continue
             failed += run_end(run=run, to=RunStatus.FAILED, lease_token=None, error_code=RunErrorCode.DEADLINE,

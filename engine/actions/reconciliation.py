@@ -13,7 +13,7 @@ from engine.actions.runs import run_resume
 from runs_app.models import Run, WaitReason
 from runs_app.services import run_write
 from sessions_app import access
-from sessions_app.services import messages_append
+from sessions_app.services import messages_append, session_lock
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 from tools_app.registry import ToolContext, tool_get
 from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
@@ -110,10 +110,11 @@ def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acti
         "error_detail": "" if applied else f"reconciled: not applied ({evidence.strip()[:200]})",
     }
     with transaction.atomic():
+        session_id = Run.objects.values_list("session_id", flat=True).get(pk=tool_call.run_id)
+        session_lock(session_id=session_id)  # before the run's row, as every change from outside the worker
         if tool_call.status != ToolCallStatus.UNKNOWN or not tool_call_transition(tool_call=tool_call, to=to, **values):
             current = ToolCall.objects.get(pk=tool_call.pk)
             raise ReconcileError("not_unknown", f"This tool call is {current.status}, not unknown; nothing to reconcile.")
-        session_id = Run.objects.values_list("session_id", flat=True).get(pk=tool_call.run_id)
         messages_append(session_id=session_id, messages=[tool_call_message(tool_call)])
         run_write(
             run_id=tool_call.run_id,

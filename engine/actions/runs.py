@@ -56,7 +56,7 @@ def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | Non
     """Wake a suspended run (approval decided, reconciliation done, backoff over): it goes back
     to the queue — the same run, never a new one — and a worker is asked for after commit."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)  # no_key: see session_lock
         if run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
             return False
         run_transition(run=run, to=RunStatus.QUEUED, event_payload={"resumed_from": run.wait_reason, **(event_payload or {})})
