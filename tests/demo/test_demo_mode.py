@@ -74,7 +74,9 @@ REFUND = {"order_id": "9527", "amount": "25.00"}
 
 def _without_demo_mode(env: dict[str, str]) -> dict[str, str]:
     env = {key: value for key, value in env.items() if key not in ("WARDEN_DEMO", "WARDEN_SIM_BASE_URL")}
-    return {**env, "DJANGO_SETTINGS_MODULE": "config.settings", "DATABASE_URL": database_url_of_the_tests()}
+    # A deployment brings its own signing key (outside demo mode the development one is no key).
+    return {**env, "DJANGO_SETTINGS_MODULE": "config.settings", "DATABASE_URL": database_url_of_the_tests(),
+            "SECRET_KEY": "a-deployment-without-demo-mode-has-its-own-key-" + "k" * 32}
 
 
 def _port_pair() -> int:
