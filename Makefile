@@ -28,7 +28,9 @@ setup: $(STAMP)
 migrate: setup
 	$(PY) manage.py migrate --noinput
 
-# Demo mode (the demo world's webhook receiver page among it), logs as plain text.
+# `make run` is demo mode (WARDEN_DEMO=1): the demo world's app, tools, accounts and data, and its
+# simulated payment service on a port of its own (:8001). Without WARDEN_DEMO none of them exists.
+# Logs as plain text.
 run: export WARDEN_DEMO = 1
 run: export WARDEN_LOG_FORMAT ?= plain
 run: migrate
@@ -39,7 +41,8 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks are run by hand (never by the suite); results go to docs/BENCHMARKS.md and
-# docs/RELIABILITY.md.
+# docs/RELIABILITY.md. They drive the demo world, so they run in demo mode.
+bench bench-api bench-ws soak: export WARDEN_DEMO = 1
 bench: migrate
 	$(PY) bench/engine_step.py
 

@@ -52,6 +52,7 @@ def main() -> None:
 
     os.environ["DATABASE_URL"] = soak_database_url()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("WARDEN_DEMO", "1")  # the demo world's refunds, and its simulated payment service
     import django
 
     django.setup()

@@ -165,6 +165,7 @@ def main() -> None:
     url = bench_database_url()
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("WARDEN_DEMO", "1")  # the demo world's noop tool
     os.environ.setdefault("WARDEN_LEASE_SECONDS", "60")
     os.environ["WARDEN_SCRIPTED_DELAY_SECONDS"] = "0"
     import django

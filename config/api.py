@@ -2,7 +2,9 @@
 
 Every answer that is not a success is JSON `{"code", "message", "fields"?}` with a 4xx status:
 the handlers below translate validation errors, authentication failures and the services'
-exceptions. Anything else is a bug, logged and answered with a JSON 500.
+exceptions. A write PostgreSQL rolled back because of a concurrent one (a deadlock or a
+serialization failure) is a 503 with Retry-After: the client sends it again. Anything else is a
+bug, logged and answered with a JSON 500.
 """
 
 import logging
@@ -11,7 +13,7 @@ from functools import wraps
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation
-from django.db import DataError
+from django.db import DataError, OperationalError
 from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.urls import re_path
 from django.views.decorators.csrf import csrf_exempt
@@ -30,6 +32,7 @@ from engine.actions.cancel import RunNotCancellable
 from engine.actions.reconciliation import ReconcileError
 from engine.actions.runs import RunNotRetryable
 from runs_app.api import router as runs_router
+from runs_app.services import RunBudgetsOverCap
 from runs_app.transitions import IllegalTransition, LeaseLost
 from sessions_app.api import me_router
 from sessions_app.api import router as sessions_router
@@ -37,6 +40,9 @@ from sessions_app.services import SessionError
 from tools_app.api import router as tools_router
 
 logger = logging.getLogger("warden.api")
+
+# Seconds a client is asked to wait before retrying a write PostgreSQL rolled back (Retry-After).
+RETRY_AFTER_SECONDS = 1
 
 DESCRIPTION = """\
 Start, watch, steer and query agent runs.
@@ -48,7 +54,9 @@ Browsers use their Django session; unsafe methods then need the `X-CSRFToken` he
 **Scope.** You see your own sessions, runs, tool calls and approvals. Operators' extra powers
 come from permissions: `runs_app.view_run` (read any run), `runs_app.change_run` (cancel any
 run), `sessions_app.view_session` (read any session), `approvals_app.decide_approval` (see and
-decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls).
+decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls). Four
+eyes: neither decision is yours to make in your own session. A message's `budgets` are capped by the
+deployment (422 `budget_over_cap` names the cap) unless you have `runs_app.exceed_budget_caps`.
 Whatever you may not see answers 404.
 
 **Retries.** Send an `Idempotency-Key` header (1–255 characters, e.g. a UUID) with any POST: the
@@ -209,6 +217,16 @@ def _session_error(request, exc: SessionError):
     return _error(request, 422, exc.code, exc.message)
 
 
+@api.exception_handler(RunBudgetsOverCap)
+def _budgets_over_cap(request, exc: RunBudgetsOverCap):
+    fields = [
+        {"field": f"body.budgets.{over.field}", "type": "budget_over_cap",
+         "message": f"at most {over.cap} (the cap {over.setting}) without the runs_app.exceed_budget_caps permission"}
+        for over in exc.over
+    ]
+    return _error(request, 422, exc.code, exc.message, fields)
+
+
 @api.exception_handler(RunNotCancellable)
 def _run_not_cancellable(request, exc: RunNotCancellable):
     return _error(request, 409, exc.code, exc.message)
@@ -248,6 +266,19 @@ def _data_error(request, exc):
     # Input the schema let through but PostgreSQL refused (a value out of a column's range).
     logger.warning("database refused API input on %s %s: %s", request.method, request.path, exc)
     return _error(request, 422, "invalid_value", "A value is out of the range this API can store.")
+
+
+@api.exception_handler(OperationalError)
+def _operational_error(request, exc: OperationalError):
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    if not sqlstate.startswith("40"):  # class 40, transaction rollback: serialization_failure, deadlock_detected…
+        return _unexpected(request, exc)
+    # The transaction was rolled back whole; the same request again is safe and usually succeeds.
+    logger.warning("database rolled back %s %s (SQLSTATE %s): answered 503", request.method, request.path, sqlstate)
+    response = _error(request, 503, "try_again",
+                      "A concurrent change made the database roll this one back; retry it shortly.")
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
 
 
 @api.exception_handler(RequestDataTooBig)

@@ -74,7 +74,8 @@ INSTALLED_APPS = [
     "runs_app",
     "tools_app",
     "approvals_app",
-    "tools_app.demo",
+    # The demo world (simulated orders, refunds and faults) exists only in demo mode.
+    *(["tools_app.demo"] if WARDEN_DEMO else []),
 ]
 
 MIDDLEWARE = [
@@ -287,6 +288,14 @@ WARDEN_MODEL_MAX_OUTPUT_TOKENS_CEILING = _env_int("WARDEN_MODEL_MAX_OUTPUT_TOKEN
 # WARDEN_MAX_INVALID_OUTPUTS: model outputs rejected in a row (truncated, malformed) before the run
 # fails; from the second one on, each waits a growing backoff first; default 3.
 WARDEN_MAX_INVALID_OUTPUTS = _env_int("WARDEN_MAX_INVALID_OUTPUTS", 3)
+# Caps on the budgets a request may ask for (POST /sessions/{id}/messages `budgets`); above one the
+# request is refused (422) unless the caller has the runs_app.exceed_budget_caps permission.
+# WARDEN_MODEL_CALLS_CAP: the most model calls a request may give its run; default 50 (at least the default budget).
+WARDEN_MODEL_CALLS_CAP = _env_int("WARDEN_MODEL_CALLS_CAP", max(50, WARDEN_MAX_MODEL_CALLS))
+# WARDEN_TOKENS_CAP: the most tokens a request may give its run; default 500000 (at least the default budget).
+WARDEN_TOKENS_CAP = _env_int("WARDEN_TOKENS_CAP", max(500_000, WARDEN_MAX_TOKENS))
+# WARDEN_DEADLINE_CAP_SECONDS: the longest deadline a request may give its run; default 14400 (4 h; at least the default).
+WARDEN_DEADLINE_CAP_SECONDS = _env_int("WARDEN_DEADLINE_CAP_SECONDS", max(14_400, WARDEN_RUN_DEADLINE_SECONDS))
 # WARDEN_MAX_MODEL_RETRIES: transient model errors tolerated per run before it fails; default 5.
 WARDEN_MAX_MODEL_RETRIES = _env_int("WARDEN_MAX_MODEL_RETRIES", 5)
 # WARDEN_RETRY_BASE_SECONDS: first backoff after a transient model error (doubles, with jitter); default 1.
@@ -305,15 +314,19 @@ WARDEN_CONTEXT_TOKENS = _env_int("WARDEN_CONTEXT_TOKENS", 8000)
 # WARDEN_RECONCILE_GRACE_SECONDS: how long after an ambiguous write a "not found downstream"
 # answer is still treated as "maybe not booked yet" rather than "not applied"; default 30.
 WARDEN_RECONCILE_GRACE_SECONDS = float(os.environ.get("WARDEN_RECONCILE_GRACE_SECONDS", 30))
-# WARDEN_FOUR_EYES: forbid operators from approving requests raised in their own sessions; default on.
+# WARDEN_FOUR_EYES: forbid operators from deciding approvals, or reconciling tool calls, of their own sessions; default on.
 WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
 # WARDEN_CONSOLE_RECHECK_SECONDS: how often an open console socket checks its user may still
 # see what it watches (logged out, deactivated, permission lost).
 WARDEN_CONSOLE_RECHECK_SECONDS = float(os.environ.get("WARDEN_CONSOLE_RECHECK_SECONDS", 30))
 
 # WARDEN_TOOL_MODULES: comma-separated dotted paths of the modules that register the deployment's
-# tools (imported at start-up); default the demo world's tools.
-WARDEN_TOOL_MODULES = [m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "tools_app.demo.tools").split(",") if m.strip()]
+# tools (imported at start-up); default none — in demo mode, the demo world's tools.
+WARDEN_TOOL_MODULES = [
+    m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "tools_app.demo.tools" if WARDEN_DEMO else "").split(",") if m.strip()
+]
+if not WARDEN_DEMO and any(m == "tools_app.demo" or m.startswith("tools_app.demo.") for m in WARDEN_TOOL_MODULES):
+    raise RuntimeError("WARDEN_TOOL_MODULES names the demo world's tools, which exist only in demo mode: set WARDEN_DEMO=1 or remove them.")
 # Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.
 WARDEN_PROVIDERS = {
     "scripted": "runs_app.providers.scripted.ScriptedProvider",
@@ -330,8 +343,9 @@ OPENAI_MODEL = os.environ.get("OPENAI_MODEL", "gpt-4o-mini")
 # OPENAI_TIMEOUT_SECONDS: per-request timeout of the OpenAI-compatible client; default 60.
 OPENAI_TIMEOUT_SECONDS = float(os.environ.get("OPENAI_TIMEOUT_SECONDS", 60))
 
-# WARDEN_SIM_BASE_URL: where demo tools reach the simulated order/payment service; default this server.
-WARDEN_SIM_BASE_URL = os.environ.get("WARDEN_SIM_BASE_URL", "http://127.0.0.1:8000/sim")
+# WARDEN_SIM_BASE_URL: where the demo tools reach the simulated order/payment service (demo mode);
+# default the simulator's own daphne that `manage.py serve_all` starts on the web port + 1.
+WARDEN_SIM_BASE_URL = os.environ.get("WARDEN_SIM_BASE_URL", "http://127.0.0.1:8001/sim")
 
 # WARDEN_FAULT_POINTS: test-only; comma-separated `point=action` pairs (action: die, pause:SECONDS)
 # that make a worker stop at a named dangerous moment. Ignored unless WARDEN_ALLOW_FAULTS is set.

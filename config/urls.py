@@ -4,6 +4,8 @@ from django.urls import include, path
 from config import operations
 from config.api import api
 
+# The demo's simulated payment service is not here in any mode: it has a server of its own
+# (tools_app/demo/asgi.py), as the external system it stands for would.
 urlpatterns = [
     # Load balancers, orchestrators and Prometheus (docs/OPERATIONS.md).
     path("healthz", operations.healthz, name="healthz"),
@@ -12,6 +14,4 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("console/", include("sessions_app.console.urls")),
-    # The simulated order/payment service of the demo world (tools reach it over real HTTP).
-    path("sim/", include("tools_app.demo.urls")),
 ]

@@ -49,7 +49,7 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
-                'SELECT "lease_token", "updated_at" FROM "runs_app_run" WHERE "id" = %s AND "status" = %s FOR UPDATE SKIP LOCKED',
+                'SELECT "lease_token", "updated_at" FROM "runs_app_run" WHERE "id" = %s AND "status" = %s FOR NO KEY UPDATE SKIP LOCKED',
                 [run_id, RunStatus.QUEUED],
             )
             row = cursor.fetchone()

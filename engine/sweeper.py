@@ -58,7 +58,7 @@ def _revoke_expired_leases(now) -> int:
     for run_id in Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]:
         with transaction.atomic():
             run = (
-                Run.objects.select_for_update(skip_locked=True)
+                Run.objects.select_for_update(skip_locked=True, no_key=True)  # no_key: see session_lock
                 .filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__lt=timezone.now())
                 .first()
             )
@@ -141,7 +141,7 @@ def _fail_past_deadline(now) -> int:
     for run in overdue[:BATCH]:
         with transaction.atomic():
             session_lock(session_id=run.session_id)
-            run = Run.objects.select_for_update().get(pk=run.pk)
+            run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
             if (run.status not in (RunStatus.QUEUED, RunStatus.WAITING) or run.wait_reason in DEADLINE_PAUSED_WAITS
                     or writes_in_doubt(run_id=run.id).exists()):
                 continue

@@ -72,14 +72,15 @@ class RunAdmin(PolicyScopedAdmin):
         ("Cancellation", {"fields": ("cancel_requested_at", "cancel_requested_by", "cancel_reason")}),
         ("Error", {"fields": ("error_code", "error_detail")}),
         ("Budgets and usage", {"fields": (
-            "model_calls", "max_model_calls", "tokens_used", "max_tokens", "deadline", "model_retries", "provider_options",
+            "model_calls", "max_model_calls", "tokens_used", "max_tokens", "deadline", "budgets_origin", "model_retries",
+            "provider_options",
         )}),
         ("Lease and checkpoint", {"fields": (
             "lease_owner", "lease_token", "lease_expires_at", "snapshot_version", "event_seq", "step_count",
         )}),
         ("Times", {"fields": ("created_at", "started_at", "finished_at", "updated_at")}),
     )
-    readonly_fields = ("id", "applied_effects_display", "created_at", "updated_at")
+    readonly_fields = ("id", "applied_effects_display", "budgets_origin", "created_at", "updated_at")
 
     def visible(self, user):
         return access.visible_runs(user=user)
@@ -113,6 +114,12 @@ class RunAdmin(PolicyScopedAdmin):
     @admin.action(description="Retry selected failed or cancelled runs", permissions=["cancel"])
     def retry(self, request, queryset):
         return runs_retry_action(self, request, queryset)
+
+    @admin.display(description="budgets set by")
+    def budgets_origin(self, obj):
+        if obj.budgets_set_by_id is None:
+            return "the deployment's defaults"
+        return f"{obj.budgets_set_by.get_username()}, in their request"
 
     @admin.display(description="applied effects")
     def applied_effects_display(self, obj):

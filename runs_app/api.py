@@ -83,6 +83,7 @@ class BudgetsOut(Schema):
     tokens_used: int
     deadline: datetime
     model_retries: int
+    set_by: str | None = Field(description="who chose these budgets in their request; null: the deployment's defaults")
 
 
 class WaitOut(Schema):
@@ -197,7 +198,8 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
         "error_code": run.error_code or None,
         "created_by": run.created_by.get_username() if run.created_by_id else None,
         "budgets": {field: getattr(run, field) for field in (
-            "max_model_calls", "model_calls", "max_tokens", "tokens_used", "deadline", "model_retries")},
+            "max_model_calls", "model_calls", "max_tokens", "tokens_used", "deadline", "model_retries")}
+        | {"set_by": run.budgets_set_by.get_username() if run.budgets_set_by_id else None},
         "wait": _wait_out(run),
         "cancel": {"requested_at": run.cancel_requested_at, "reason": run.cancel_reason,
                    "requested_by": run.cancel_requested_by.get_username() if run.cancel_requested_by_id else None}

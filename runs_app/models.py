@@ -139,6 +139,11 @@ class Run(models.Model):
     wait_started_at = models.DateTimeField(null=True, blank=True)
     # A failed or cancelled run retried from its checkpoint as this new run (SPEC §16).
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries")
+    # Who chose this run's budgets (in their request); null: the deployment's defaults. Requests
+    # are capped (settings.WARDEN_*_CAP) unless the requester may exceed the caps.
+    budgets_set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
 
     # Lease: who drives the run. lease_token only ever increases; every write a worker makes
     # is conditional on it, so a worker that stalled past its lease cannot write again.
@@ -167,6 +172,7 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [("exceed_budget_caps", "Can set a run's budgets above the configured caps")]
         constraints = [
             *_run_state_constraints(),
             # At most one non-terminal run per session, whatever the code does.

@@ -29,6 +29,9 @@ DELIVER_TASK = "engine.tasks.deliver_webhooks"
 
 logger = logging.getLogger("warden.webhooks")
 
+# The endpoint `manage.py demo_setup` wires to the simulated services' receiver page (demo mode).
+DEMO_WEBHOOK_ENDPOINT = "Demo receiver"
+
 
 def notification_kind(event_type: str, payload: dict) -> str | None:
     """The notification an event stands for, if any."""

@@ -99,7 +99,7 @@ def run_list(
 
 
 def run_get(*, user, run_id) -> Run | None:
-    return access.visible_runs(user=user).select_related("session", "created_by", "cancel_requested_by").filter(pk=run_id).first()
+    return access.visible_runs(user=user).select_related("session", "created_by", "cancel_requested_by", "budgets_set_by").filter(pk=run_id).first()
 
 
 @dataclass(frozen=True)

@@ -196,13 +196,63 @@ def run_transition(
     return True
 
 
+@dataclass(frozen=True)
+class BudgetOverCap:
+    """One requested budget above its configured cap."""
+
+    field: str  # as requested: max_model_calls, max_tokens or deadline_seconds
+    requested: int
+    cap: int
+    setting: str  # the setting (environment variable) that holds the cap
+
+
+class RunBudgetsOverCap(Exception):
+    code = "budget_over_cap"
+
+    def __init__(self, over: list[BudgetOverCap]):
+        self.over = over
+        self.message = "; ".join(
+            f"budgets.{o.field} may be at most {o.cap} (the cap {o.setting}), not {o.requested}" for o in over
+        ) + ". Going above a cap needs the runs_app.exceed_budget_caps permission."
+        super().__init__(self.message)
+
+
+def run_budgets_over_caps(*, budgets: dict[str, Any]) -> list[BudgetOverCap]:
+    """Which of a request's budgets (max_model_calls, max_tokens, deadline_seconds — or an
+    absolute `deadline`) exceed the deployment's caps; empty when none does."""
+    requested = {key: budgets.get(key) for key in ("max_model_calls", "max_tokens", "deadline_seconds")}
+    if requested["deadline_seconds"] is None and budgets.get("deadline") is not None:
+        requested["deadline_seconds"] = int((budgets["deadline"] - timezone.now()).total_seconds())
+    caps = {
+        "max_model_calls": (settings.WARDEN_MODEL_CALLS_CAP, "WARDEN_MODEL_CALLS_CAP"),
+        "max_tokens": (settings.WARDEN_TOKENS_CAP, "WARDEN_TOKENS_CAP"),
+        "deadline_seconds": (settings.WARDEN_DEADLINE_CAP_SECONDS, "WARDEN_DEADLINE_CAP_SECONDS"),
+    }
+    return [
+        BudgetOverCap(field=field, requested=value, cap=caps[field][0], setting=caps[field][1])
+        for field, value in requested.items()
+        if value is not None and value > caps[field][0]
+    ]
+
+
 def run_create(
-    *, session, created_by=None, provider: str | None = None, provider_options: dict | None = None, budgets: dict | None = None
+    *,
+    session,
+    created_by=None,
+    provider: str | None = None,
+    provider_options: dict | None = None,
+    budgets: dict | None = None,
+    budgets_set_by=None,
 ) -> Run:
     """A queued run for `session`. The caller owns the transaction and enqueues after commit.
-    The database's partial unique index refuses a second active run in the same session."""
+    The database's partial unique index refuses a second active run in the same session.
+    `budgets` (max_model_calls, max_tokens, deadline_seconds or an absolute deadline) override
+    the defaults; `budgets_set_by` is who asked for them (callers check the caps first)."""
     budgets = budgets or {}
     now = timezone.now()
+    deadline = budgets.get("deadline")
+    if budgets.get("deadline_seconds") is not None:
+        deadline = now + timedelta(seconds=budgets["deadline_seconds"])
     run = Run.objects.create(
         session=session,
         created_by=created_by,
@@ -210,7 +260,8 @@ def run_create(
         provider_options=provider_options or {},
         max_model_calls=budgets.get("max_model_calls", settings.WARDEN_MAX_MODEL_CALLS),
         max_tokens=budgets.get("max_tokens", settings.WARDEN_MAX_TOKENS),
-        deadline=budgets.get("deadline") or now + timedelta(seconds=settings.WARDEN_RUN_DEADLINE_SECONDS),
+        deadline=deadline or now + timedelta(seconds=settings.WARDEN_RUN_DEADLINE_SECONDS),
+        budgets_set_by=budgets_set_by,
     )
     run_write(run_id=run.id, events=[(RunEventType.RUN_STATUS, {"status": RunStatus.QUEUED, "phase": RunPhase.WAITING_WORKER, "wait_reason": ""})])
     run.refresh_from_db(fields=["event_seq", "snapshot_version"])

@@ -8,9 +8,14 @@ from being staff:
   runs_app.view_run               read any run (its steps, events, tool calls, approvals) and the
                                   session it belongs to (a run's steps already show its history)
   runs_app.change_run             cancel any run (and so read it)
+  runs_app.exceed_budget_caps     start runs with budgets above the configured caps
   sessions_app.view_session       read any session (its history and pending input), not its runs
   approvals_app.decide_approval   see and decide operator-level approvals, never in one's own session
-  tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown
+  tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown, never in one's
+                                  own session
+
+Four eyes (WARDEN_FOUR_EYES, on by default) applies to every human decision an operator makes:
+nobody approves, or records the outcome of, a write requested in their own session.
 
 Inactive and anonymous users may do nothing. The admin is the operators' desk: Django admits
 only active staff to it, and inside it asks this module like every other surface.
@@ -28,6 +33,7 @@ from tools_app.models import ToolCall, ToolCallStatus
 
 VIEW_ANY_RUN = "runs_app.view_run"
 CANCEL_ANY_RUN = "runs_app.change_run"
+EXCEED_BUDGET_CAPS = "runs_app.exceed_budget_caps"
 VIEW_ANY_SESSION = "sessions_app.view_session"
 DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
 RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
@@ -105,6 +111,11 @@ def can_see_run(*, user, run: Run) -> bool:
 def can_see_runs_of(*, user, session: Session) -> bool:
     """Run visibility within a session is all or nothing: its owner's, or an operator's who reads any run."""
     return _owns(user, session.owner_id) or reads_any_run(user)
+
+
+def may_exceed_budget_caps(user) -> bool:
+    """May ask for budgets above the deployment's caps (WARDEN_MODEL_CALLS_CAP and the others)."""
+    return is_active(user) and user.has_perm(EXCEED_BUDGET_CAPS)
 
 
 def cancels_any_run(user) -> bool:
@@ -211,9 +222,20 @@ def can_reconcile(*, user) -> bool:
     return is_active(user) and user.has_perm(RECONCILE_TOOL_CALLS)
 
 
-def why_cannot_reconcile(*, user, tool_call: ToolCall) -> str:
+def why_not_a_reconciler(*, user, tool_call: ToolCall) -> str:
+    """'' when `user` is someone who may reconcile `tool_call` (whatever its status now) — ask the
+    downstream system on their behalf, or record its outcome; otherwise the reason, in words for the desk."""
     if not can_reconcile(user=user):
         return "Reconciling needs the tools_app.reconcile_toolcall permission."
+    if settings.WARDEN_FOUR_EYES and user.pk == tool_call.run.session.owner_id:
+        return "Four eyes: you may not reconcile a tool call made in your own session."
+    return ""
+
+
+def why_cannot_reconcile(*, user, tool_call: ToolCall) -> str:
+    """'' when `user` may reconcile `tool_call` now; otherwise the reason."""
+    if refusal := why_not_a_reconciler(user=user, tool_call=tool_call):
+        return refusal
     if tool_call.status != ToolCallStatus.UNKNOWN:
         return f"This tool call is {tool_call.status}, not unknown; nothing to reconcile."
     return ""

@@ -2,11 +2,10 @@
 `message_post`: it starts a run, or queues the input for the active one (SPEC §8)."""
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 
 from config.api_base import (
@@ -103,6 +102,9 @@ class SessionIn(BodyIn):
 
 
 class BudgetsIn(BodyIn):
+    """Limits of the run a message starts. Each is capped by the deployment (WARDEN_MODEL_CALLS_CAP,
+    WARDEN_TOKENS_CAP, WARDEN_DEADLINE_CAP_SECONDS; 422 `budget_over_cap` above one) unless the caller
+    has runs_app.exceed_budget_caps; the bounds below hold for everyone."""
     max_model_calls: int | None = Field(None, ge=1, le=1000)
     max_tokens: int | None = Field(None, ge=1, le=10_000_000)
     deadline_seconds: int | None = Field(None, ge=1, le=7 * 86_400, description="wall-clock limit from now")
@@ -214,16 +216,14 @@ def sessions_messages(
 def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
     """With no active run the message starts one (201, queued for a worker). While a run is
     active the input is stored and the run reads it at its next safe point (202): never lost,
-    never a second concurrent run."""
+    never a second concurrent run. Budgets above the deployment's caps: 422 `budget_over_cap`
+    naming the cap, unless the caller has runs_app.exceed_budget_caps."""
     session = _visible_session(request, session_id)
     if not access.can_post_in_session(user=request.auth, session=session):
         raise ApiError(403, "not_permitted", "Only the session's owner may post in it.")
     budgets = None
     if payload.budgets is not None:
         budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}
-        seconds = budgets.pop("deadline_seconds", None)
-        if seconds is not None:
-            budgets["deadline"] = timezone.now() + timedelta(seconds=seconds)
     result = message_post(session=session, content=payload.content, mode=payload.mode, acting_user=request.auth, budgets=budgets)
     pending = result.pending_input
     if pending is not None:

@@ -55,6 +55,13 @@ def message_text_checked(*, content: str, mode: str) -> str:
 
 
 def session_lock(*, session_id) -> None:
-    """Serialises what decides whether a session has an active run: posting input, and a run
-    ending (which then starts the next one from pending input). Taken before the run's row."""
-    Session.objects.select_for_update().filter(pk=session_id).values_list("pk").get()
+    """Serialises what decides whether a session has an active run — posting input, a run
+    ending (which then starts the next one from pending input) — and every other change of a
+    session's runs made outside their worker (decisions, reconciliation, cancel): each takes it
+    first, then the run's row, so no two of them ever wait on each other in opposite orders.
+
+    FOR NO KEY UPDATE, not FOR UPDATE: a commit that inserts a row pointing at the session (a
+    message, a run), or updates a run twice, takes a KEY SHARE lock on the session row for its
+    deferred foreign-key checks, which FOR UPDATE would block — while this transaction waits
+    for that one's run row: a deadlock (PITFALLS.md; issue 12, finding 3)."""
+    Session.objects.select_for_update(no_key=True).filter(pk=session_id).values_list("pk").get()

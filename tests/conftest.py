@@ -1,8 +1,10 @@
 import os
 
 import pytest
+from django.test import override_settings
 
 from tests.support import event_contract
+from tests.support.simulator import InProcessSimulator
 
 _skipped: list[str] = []
 
@@ -31,6 +33,14 @@ def operator(db):
     user.user_permissions.add(*Permission.objects.filter(codename__in=["decide_approval"]))
     user.user_permissions.add(*Permission.objects.filter(codename__startswith="view_"))
     return user
+
+
+@pytest.fixture
+def simulator(transactional_db):
+    """The demo's simulated payment service on a server of its own in this process (its own
+    port and URLconf, as in a deployment); the demo tools are pointed at it. Yields its base URL."""
+    with InProcessSimulator() as sim, override_settings(WARDEN_SIM_BASE_URL=sim.url):
+        yield sim.url
 
 
 @pytest.fixture(scope="session", autouse=True)

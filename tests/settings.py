@@ -5,6 +5,10 @@ them, and a test that sets its own value for a process it starts keeps it."""
 import os
 import uuid
 
+# Demo mode: most tests drive the demo world's tools against its simulated payment service. The
+# tests of a deployment without it start their subprocesses with WARDEN_DEMO removed.
+os.environ["WARDEN_DEMO"] = "1"
+
 # Outside DEBUG and demo mode Warden refuses its development key; tests get a key of their own.
 os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
 # The suite makes many requests as few users from one address; the rate-limit tests set low limits.

@@ -4,6 +4,7 @@ The queue changes a call only through engine/actions/reconciliation.py: "query d
 `tool_call_reconcile_auto`, recording an outcome is `tool_call_resolve` (which audits it)."""
 
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.urls import path, reverse
 from django.utils.html import format_html
 
@@ -53,6 +54,7 @@ class UnknownToolCallAdmin(ToolCallAdmin):
         "reconcile_attempts", "next_attempt_at", "error_detail",
     )
     list_display_links = ("short_id",)
+    list_select_related = ("run__session",)  # the four-eyes rule asks whose session each call is in
     list_filter = ("tool_name",)
     ordering = ("created_at",)
     actions = ("query_downstream_now",)
@@ -78,7 +80,14 @@ class UnknownToolCallAdmin(ToolCallAdmin):
         return tool_call_query_view(request, model_admin=self, object_id=object_id)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra_context = {**(extra_context or {}), "can_reconcile": self.has_reconcile_permission(request)}
+        call = self.get_object(request, unquote(object_id))
+        refusal = access.why_not_a_reconciler(user=request.user, tool_call=call) if call is not None else ""
+        extra_context = {
+            **(extra_context or {}),
+            "can_reconcile": call is not None and not refusal,
+            # Shown in place of the buttons to an operator the policy bars (e.g. four eyes).
+            "reconcile_refusal": refusal if self.has_reconcile_permission(request) else "",
+        }
         return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.action(description="Query the downstream system now", permissions=["reconcile"])
@@ -92,6 +101,8 @@ class UnknownToolCallAdmin(ToolCallAdmin):
 
         @admin.display(description="outcome")
         def record(obj):
+            if refusal := access.why_cannot_reconcile(user=request.user, tool_call=obj):
+                return format_html('<span class="desk-barred">{}</span>', refusal)
             return format_html('<a class="button" href="{}">Record outcome…</a>',
                                reverse("admin:tools_app_unknowntoolcall_resolve", args=[obj.pk]))
 

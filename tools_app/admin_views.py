@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from approvals_app.admin_display import compact_arguments, pretty_json
 from engine.actions.reconciliation import ReconcileError, tool_call_reconcile_auto, tool_call_resolve
+from sessions_app import access
 from tools_app.models import Resolution, ToolCall
 
 
@@ -106,7 +107,12 @@ def tool_call_resolve_view(request, *, model_admin, object_id: str):
         return _resolved_elsewhere(request, object_id)
     form = ResolveForm(request.POST or None)
     status = 200
-    if request.method == "POST" and form.is_valid():
+    refusal = access.why_not_a_reconciler(user=request.user, tool_call=call)
+    if refusal:
+        # The action refuses too; this answers before anything is attempted.
+        messages.error(request, f"You may not record this outcome: {refusal}")
+        status = 403
+    elif request.method == "POST" and form.is_valid():
         applied = form.cleaned_data["outcome"] == Resolution.APPLIED
         try:
             tool_call_resolve(
@@ -140,6 +146,7 @@ def tool_call_resolve_view(request, *, model_admin, object_id: str):
         "arguments": pretty_json(call.arguments),
         "arguments_summary": compact_arguments(call.arguments),
         "form": form,
+        "refusal": refusal,
         "change_url": reverse("admin:tools_app_unknowntoolcall_change", args=[call.pk]),
     }
     request.current_app = model_admin.admin_site.name
@@ -156,6 +163,9 @@ def tool_call_query_view(request, *, model_admin, object_id: str):
     call = model_admin.get_object(request, object_id)
     if call is None:
         return _resolved_elsewhere(request, object_id)
+    if refusal := access.why_not_a_reconciler(user=request.user, tool_call=call):
+        messages.error(request, f"You may not reconcile this call: {refusal}")
+        return HttpResponseRedirect(reverse("admin:tools_app_unknowntoolcall_change", args=[call.pk]))
     outcome = query_downstream(request, call)
     if outcome == "resolved":
         return HttpResponseRedirect(reverse("admin:tools_app_toolcall_change", args=[call.pk]))

@@ -87,8 +87,8 @@ def _visible_call(request, tool_call_id):
 
 def _reconcilable(request, tool_call_id):
     call = _visible_call(request, tool_call_id)
-    if not access.can_reconcile(user=request.auth):
-        raise ApiError(403, "not_permitted", "Reconciling needs the tools_app.reconcile_toolcall permission.")
+    if refusal := access.why_not_a_reconciler(user=request.auth, tool_call=call):
+        raise ApiError(403, "not_permitted", refusal)
     if call.status != ToolCallStatus.UNKNOWN:
         raise ApiError(409, "not_unknown", f"This tool call is {call.status}, not unknown; nothing to reconcile.")
     return call
@@ -120,7 +120,8 @@ def tool_calls_get(request, tool_call_id: uuid.UUID):
 )
 def tool_calls_resolve(request, tool_call_id: uuid.UUID, payload: ResolveIn):
     """An operator records, with evidence, whether the write took effect downstream. Audited;
-    the run resumes once none of its calls is unknown. 409 unless the call is `unknown`."""
+    the run resumes once none of its calls is unknown. 403 in one's own session (four eyes);
+    409 unless the call is `unknown`."""
     call = _reconcilable(request, tool_call_id)
     tool_call_resolve(tool_call=call, applied=payload.applied, evidence=payload.evidence, result=payload.result,
                       acting_user=request.auth)
@@ -134,7 +135,8 @@ def tool_calls_resolve(request, tool_call_id: uuid.UUID, payload: ResolveIn):
 )
 def tool_calls_reconcile(request, tool_call_id: uuid.UUID):
     """Runs the tool's reconcile lookup (by idempotency key) now instead of waiting for the
-    scheduled job. `manual` means the tool cannot tell: resolve it with evidence instead."""
+    scheduled job. `manual` means the tool cannot tell: resolve it with evidence instead.
+    403 in one's own session (four eyes)."""
     call = _reconcilable(request, tool_call_id)
     outcome = tool_call_reconcile_auto(tool_call=call, acting_user=request.auth)
     return {"outcome": outcome, "tool_call": _visible_call(request, tool_call_id)}

@@ -1,6 +1,7 @@
 """Human approval (SPEC §7): a write waits for a recorded decision by an authorized person;
 nothing the model writes counts. Each function is one transaction across the approval, its
-tool call, the session's history and the run."""
+tool call, the session's history and the run; a change made outside the run's worker takes the
+session's lock first, then the run's row, as posting input does (sessions_app.services.session_lock)."""
 
 from datetime import timedelta
 
@@ -24,7 +25,7 @@ from runs_app.events import RunEventType
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
 from runs_app.services import run_transition, run_write
 from sessions_app import access
-from sessions_app.services import messages_append
+from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.services import tool_call_message, tool_call_transition
 
@@ -69,6 +70,7 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         raise ApprovalExpired(f"This request expired at {approval.expires_at.isoformat()}.")
     to = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
     with transaction.atomic():
+        session_lock(session_id=approval.run.session_id)  # before the run's row: see session_lock
         if approval.status != ApprovalStatus.PENDING or not approval_transition(
             approval=approval, to=to, decided_by=acting_user, note=note
         ):
@@ -90,6 +92,7 @@ def approval_expire(*, approval: Approval, lease_token: int | None = None) -> bo
     """An approval past its expiry is closed by the clock; its tool call never runs. Without a
     lease (the sweeper, a late click) the waiting run resumes to tell the model."""
     with transaction.atomic():
+        session_lock(session_id=_session_of(approval))  # before the run's row: see session_lock
         if not approval_transition(approval=approval, to=ApprovalStatus.EXPIRED, decided_by=None,
                                    note="expired without a decision", lease_token=lease_token):
             return False
@@ -128,7 +131,12 @@ def tool_call_close_for_decision(*, approval: Approval, lease_token: int | None 
     detail = approval.note or {"approval_expired": "the approval request expired", "approval_rejected": "rejected"}.get(
         reason, "the request was withdrawn")
     with transaction.atomic():
+        session_id = _session_of(approval)
+        session_lock(session_id=session_id)  # before the run's row (the announcement writes it): see session_lock
         if tool_call_transition(tool_call=call, to=ToolCallStatus.CANCELLED, lease_token=lease_token, announce=True,
                                 error_code=reason, error_detail=detail):
-            session_id = Run.objects.values_list("session_id", flat=True).get(pk=call.run_id)
             messages_append(session_id=session_id, messages=[tool_call_message(call)])
+
+
+def _session_of(approval: Approval):
+    return Run.objects.values_list("session_id", flat=True).get(pk=approval.run_id)

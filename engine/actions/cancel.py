@@ -31,7 +31,7 @@ def run_cancel_request(*, run: Run, acting_user, reason: str = "") -> Run:
     next delta or safe point; one with a write in doubt once the write is reconciled."""
     with transaction.atomic():
         session_lock(session_id=run.session_id)  # before the run's row, as posting input does
-        run = Run.objects.select_for_update().get(pk=run.pk)
+        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)  # no_key: see session_lock
         if run.status in TERMINAL_STATUSES:
             raise RunNotCancellable(f"The run is already {run.status}.")
         if run.cancel_requested_at is None:

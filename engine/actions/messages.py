@@ -8,7 +8,8 @@ from engine.actions.cancel import run_cancel_request
 from engine.actions.runs import run_resume, run_start
 from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus, WaitReason
-from runs_app.services import run_event_append, run_write
+from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps, run_event_append, run_write
+from sessions_app import access
 from sessions_app.models import InputMode, Message, MessageRole, PendingInput, Session
 from sessions_app.services import message_text_checked, messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus
@@ -37,8 +38,13 @@ def message_post(
     the run reads it at its next safe point. A run waiting for the user's answer to its question
     takes the message as the answer and resumes (`auto` or `supplement`). An intent switch for a
     run nobody is driving (it waits for a person, or is queued) cancels it at once; the input
-    then starts the next run."""
+    then starts the next run. Requested `budgets` above the deployment's caps are refused
+    (RunBudgetsOverCap) unless the poster may exceed them; the run records who set them."""
     content = message_text_checked(content=content, mode=mode)
+    budgets = budgets or None
+    if budgets and not access.may_exceed_budget_caps(acting_user):
+        if over := run_budgets_over_caps(budgets=budgets):
+            raise RunBudgetsOverCap(over)
     with transaction.atomic():
         # Lock the session: two posts at once must not both see "no active run".
         session_lock(session_id=session.pk)

@@ -14,7 +14,7 @@ from runs_app.events import RunEventType
 from runs_app.models import Run, WaitReason
 from runs_app.services import run_write
 from sessions_app import access
-from sessions_app.services import messages_append
+from sessions_app.services import messages_append, session_lock
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 from tools_app.registry import ToolContext, tool_get
 from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
@@ -97,10 +97,11 @@ def _give_up(*, tool_call: ToolCall, reason: str, changes: dict) -> None:
 
 
 def _check_reconciler(acting_user, tool_call: ToolCall) -> None:
-    refusal = access.why_cannot_reconcile(user=acting_user, tool_call=tool_call)
-    if refusal:
-        code = "not_permitted" if not access.can_reconcile(user=acting_user) else "not_unknown"
-        raise ReconcileError(code, refusal)
+    """The policy's answer (permission, four eyes), then the call's state."""
+    if refusal := access.why_not_a_reconciler(user=acting_user, tool_call=tool_call):
+        raise ReconcileError("not_permitted", refusal)
+    if refusal := access.why_cannot_reconcile(user=acting_user, tool_call=tool_call):
+        raise ReconcileError("not_unknown", refusal)
 
 
 def _within_grace(tool_call: ToolCall) -> bool:
@@ -110,10 +111,10 @@ def _within_grace(tool_call: ToolCall) -> bool:
 
 def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acting_user, result: dict | None = None) -> ToolCall:
     """Record the truth about an unknown call: applied → succeeded, not applied → failed. A human
-    needs the permission and must give evidence; the decision is audited. The run resumes
-    once none of its calls is unknown."""
-    if acting_user is not None and not access.can_reconcile(user=acting_user):
-        raise ReconcileError("not_permitted", access.why_cannot_reconcile(user=acting_user, tool_call=tool_call))
+    needs the permission, may not be the session's owner (four eyes) and must give evidence; the
+    decision is audited. The run resumes once none of its calls is unknown."""
+    if acting_user is not None and (refusal := access.why_not_a_reconciler(user=acting_user, tool_call=tool_call)):
+        raise ReconcileError("not_permitted", refusal)
     if not (evidence or "").strip():
         raise ReconcileError("evidence_required", "Evidence is required to record an outcome.")
     to = ToolCallStatus.SUCCEEDED if applied else ToolCallStatus.FAILED
@@ -131,10 +132,11 @@ def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acti
         "error_detail": "" if applied else f"reconciled: not applied ({evidence.strip()[:200]})",
     }
     with transaction.atomic():
+        session_id = Run.objects.values_list("session_id", flat=True).get(pk=tool_call.run_id)
+        session_lock(session_id=session_id)  # before the run's row, as every change from outside the worker
         if tool_call.status != ToolCallStatus.UNKNOWN or not tool_call_transition(tool_call=tool_call, to=to, **values):
             current = ToolCall.objects.get(pk=tool_call.pk)
             raise ReconcileError("not_unknown", f"This tool call is {current.status}, not unknown; nothing to reconcile.")
-        session_id = Run.objects.values_list("session_id", flat=True).get(pk=tool_call.run_id)
         messages_append(session_id=session_id, messages=[tool_call_message(tool_call)])
         run_write(
             run_id=tool_call.run_id,

@@ -37,7 +37,8 @@ def run_start(*, session: Session, content: str, acting_user, budgets=None, prov
     """A new queued run whose first message is the user's `content`, enqueued after commit.
     The caller holds the session lock; the database's partial unique index refuses a second
     active run in the session whatever happens."""
-    run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options)
+    run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options,
+                     budgets_set_by=acting_user if budgets else None)
     (message,) = messages_append(session_id=session.pk, messages=[Message(role=MessageRole.USER, content=content, run=run)])
     run_enqueue(run.id)
     return run, message
@@ -94,7 +95,7 @@ def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | Non
     over): it goes back to the queue — the same run, never a new one — and a worker is asked for
     after commit. Time spent waiting for a person is given back to the run's deadline."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)  # no_key: see session_lock
         if run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
             return False
         changes = {}

@@ -3,7 +3,8 @@ operator holding each single permission, a superuser and an inactive user, the H
 console's pages, its websocket (a real daphne) and the admin desk each say whether the caller may
 see a session and a run, cancel a run, decide an operator's and a customer's approval, and see and
 reconcile a write whose outcome is unknown — and each agrees with the table below, which is
-the policy written out.
+the policy written out. Four eyes holds everywhere: an operator in their own session decides no
+operator approval and reconciles no write.
 
 Every surface acts on a world of its own (a decision or a cancel changes it), owned by the
 customer. The admin is the operators' desk: Django admits only active staff to it, so for
@@ -37,6 +38,9 @@ POLICY = {
     "reconcile_toolcall":  (0,      0,  0,     0,      0,        1,   1),
     "superuser":           (1,      1,  1,     1,      0,        1,   1),
     "inactive":            (0,      0,  0,     0,      0,        0,   0),
+    # The customer is also staff with decide_approval and reconcile_toolcall: four eyes leaves
+    # them what is theirs, and bars every decision about their own session's writes.
+    "own_session_operator": (1,     1,  1,     0,      1,        1,   0),
 }
 PERMISSION_APPS = {"view_run": "runs_app", "change_run": "runs_app", "view_session": "sessions_app",
                    "decide_approval": "approvals_app", "reconcile_toolcall": "tools_app"}
@@ -57,6 +61,11 @@ def _caller(kind: str, customer):
         return customer  # the owner herself, deactivated after her world was built
     if kind == "superuser":
         return UserFactory(username="root", is_staff=True, is_superuser=True)
+    if kind == "own_session_operator":
+        customer.is_staff = True
+        customer.save(update_fields=["is_staff"])
+        customer.user_permissions.add(*Permission.objects.filter(codename__in=["decide_approval", "reconcile_toolcall"]))
+        return customer
     user = UserFactory(username=f"op_{kind}", is_staff=True)
     user.user_permissions.add(Permission.objects.get(content_type__app_label=PERMISSION_APPS[kind], codename=kind))
     return user

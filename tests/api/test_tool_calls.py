@@ -7,7 +7,7 @@ from pydantic import BaseModel
 from approvals_app.models import AuditEntry
 from runs_app.models import Run, RunStatus
 from sessions_app.models import Message, MessageRole
-from tests.api.conftest import Api, grant
+from tests.api.conftest import Api, build_world, grant
 from tests.factories import ApiKeyFactory, UserFactory
 from tools_app import registry
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
@@ -143,3 +143,22 @@ def test_bad_list_filters_are_422(alice_api, params):
     response = alice_api.get("/tool-calls", params)
     assert response.status_code == 422
     assert response.json()["code"] == "validation_error"
+
+
+def test_four_eyes_a_reconciler_may_not_settle_a_call_of_their_own_session(settings):
+    """Issue 12, finding 6: an operator resolved an unknown refund in their own session."""
+    user = grant(UserFactory(username="self-reconciler"), ("tools_app", "reconcile_toolcall"))
+    own = build_world(user)
+    api = Api(ApiKeyFactory(owner=user).secret)
+    call_url = f"/tool-calls/{own.unknown_call.pk}"
+    assert api.get(call_url).status_code == 200  # they see it: it is theirs
+    for response in (api.post(f"{call_url}/resolve", {"applied": True, "evidence": "booked, trust me"}),
+                     api.post(f"{call_url}/reconcile")):
+        assert response.status_code == 403, response.content
+        body = response.json()
+        assert body["code"] == "not_permitted" and "Four eyes" in body["message"]
+    assert ToolCall.objects.get(pk=own.unknown_call.pk).status == ToolCallStatus.UNKNOWN
+    assert not AuditEntry.objects.exists()
+    # Anyone else with the permission may; so may they once four eyes is switched off.
+    settings.WARDEN_FOUR_EYES = False
+    assert api.post(f"{call_url}/resolve", {"applied": False, "evidence": "ledger shows nothing"}).status_code == 200

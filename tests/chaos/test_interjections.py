@@ -96,9 +96,8 @@ def test_an_intent_switch_cancels_the_run_and_starts_a_new_one(procs, demo_world
     assert "new_intent" in reason
 
 
-def test_an_intent_switch_while_waiting_for_approval_cancels_at_once(transactional_db, live_server):
+def test_an_intent_switch_while_waiting_for_approval_cancels_at_once(transactional_db, simulator):
     from django.core.management import call_command
-    from django.test import override_settings
 
     from approvals_app.models import Approval, ApprovalStatus
     from engine.loop import run_drive
@@ -106,10 +105,9 @@ def test_an_intent_switch_while_waiting_for_approval_cancels_at_once(transaction
     call_command("seed_demo", verbosity=0)
     user = UserFactory()
     session = session_create(owner=user, title="switch while waiting")
-    with override_settings(WARDEN_SIM_BASE_URL=live_server.url + "/sim"):
-        first = message_post(session=session, content="Check order 9527 and refund it if it's eligible", acting_user=user,
-                             provider_options={"delay": 0}).run
-        run_drive(run_id=str(first.id))
+    first = message_post(session=session, content="Check order 9527 and refund it if it's eligible", acting_user=user,
+                         provider_options={"delay": 0}).run
+    run_drive(run_id=str(first.id))
     first.refresh_from_db()
     assert first.status == RunStatus.WAITING
     result = message_post(session=session, content="forget it", mode=InputMode.NEW_INTENT, acting_user=user)

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.support.processes import test_database_url
+from tests.support.simulator import SIMULATOR_ASGI
 from django.db import connection
 from django.test import override_settings
 
@@ -19,11 +20,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def sim_url(live_server):
-    """The simulated service on pytest-django's live server, where the demo tools look for it."""
-    url = live_server.url + "/sim"
-    with override_settings(WARDEN_SIM_BASE_URL=url):
-        yield url
+def sim_url(simulator):
+    """The simulated service on its own in-process server, where the demo tools look for it."""
+    return simulator
 
 
 @pytest.fixture
@@ -86,13 +85,13 @@ def concurrently():
 
 @pytest.fixture
 def daphne_sim(transactional_db, tmp_path):
-    """The whole project served by a real daphne process on a free port, on the test database;
-    the demo tools point at its /sim. The process is killed afterwards."""
+    """The simulated service's own ASGI application served by a real daphne process on a free
+    port, on the test database; the demo tools point at its /sim. The process is killed afterwards."""
     port = _free_port()
-    env = {**os.environ, "DATABASE_URL": test_database_url(), "DJANGO_SETTINGS_MODULE": "config.settings"}
+    env = {**os.environ, "DATABASE_URL": test_database_url()}
     log = (tmp_path / "daphne.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), SIMULATOR_ASGI],
         cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}/sim"

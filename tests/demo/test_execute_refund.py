@@ -119,9 +119,9 @@ def test_reconciliation_cannot_tell_when_the_gateway_is_unreachable(closed_port_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_404_that_is_not_the_gateways_answer_proves_nothing(live_server, tool_ctx, settings):
+def test_a_404_that_is_not_the_gateways_answer_proves_nothing(simulator, tool_ctx, settings):
     SimRefundFactory(idempotency_key="refund-key-1")
-    settings.WARDEN_SIM_BASE_URL = live_server.url + "/not-the-sim"
+    settings.WARDEN_SIM_BASE_URL = simulator.removesuffix("/sim") + "/not-the-sim"
     assert refund_tool.reconcile(tool_ctx(), refund_args()) is None
 
 

@@ -1,4 +1,5 @@
-"""The simulated service's HTTP contract, through Django's test client."""
+"""The simulated service's HTTP contract, through Django's test client on the simulator's own
+URLconf — the one its server uses (tools_app/demo/asgi.py); the main application has no /sim."""
 
 import json
 from decimal import Decimal
@@ -12,7 +13,7 @@ from tests.factories import UserFactory
 from tools_app.demo.models import SimFault, SimFaultMode, SimFaultTarget
 from tools_app.demo.selectors import sim_refund_count
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tools_app.demo.urls")]
 
 
 def post_refund(client, body, key="key-1"):

@@ -12,7 +12,7 @@ from runs_app.models import DeliveryStatus, NotificationKind, RunErrorCode, RunS
 from runs_app.notifications import webhook_body_bytes
 from tests.factories import RunFactory, UserFactory
 from tools_app.demo.models import SimWebhookReceipt
-from tools_app.demo.views import DEMO_WEBHOOK_ENDPOINT
+from runs_app.notifications import DEMO_WEBHOOK_ENDPOINT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -126,3 +126,9 @@ def unknown_refund(customer) -> RefundScene:
 @pytest.fixture
 def make_unknown_refund(customer):
     return lambda: _refund_scene(owner=customer, wait_reason=WaitReason.RECONCILIATION, refund_status=ToolCallStatus.UNKNOWN)
+
+
+@pytest.fixture
+def own_unknown_refund(reconciler) -> RefundScene:
+    """A write in doubt in the reconciler's own session: four eyes bars them from settling it."""
+    return _refund_scene(owner=reconciler, wait_reason=WaitReason.RECONCILIATION, refund_status=ToolCallStatus.UNKNOWN)

@@ -17,7 +17,7 @@ from sessions_app.models import Message, MessageRole
 from tests.desk.conftest import csrf_client, csrf_token_of, messages_of
 from tools_app import registry
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
-from engine.actions.reconciliation import ReconcileError, tool_call_resolve
+from engine.actions.reconciliation import ReconcileError, tool_call_reconcile_auto, tool_call_resolve
 from tools_app.registry import Reconciled
 
 pytestmark = pytest.mark.django_db
@@ -175,6 +175,47 @@ def test_staff_without_the_permission_cannot_reconcile(viewer, unknown_refund, d
     with pytest.raises(ReconcileError) as refused:
         tool_call_resolve(tool_call=call, applied=True, evidence="trust me", acting_user=viewer)
     assert refused.value.code == "not_permitted"
+
+
+def test_four_eyes_a_reconciler_may_not_settle_a_call_of_their_own_session(reconciler, own_unknown_refund, downstream, settings):
+    answers, asked = downstream
+    call = own_unknown_refund.refund
+    answers[call.idempotency_key] = Reconciled(applied=True, result=BOOKED, detail="refund found by idempotency key")
+    client = csrf_client(reconciler)
+    page = client.get(reverse("admin:tools_app_unknowntoolcall_change", args=[call.pk]))
+    body = page.content.decode()
+    # No buttons; the reason instead.
+    assert 'id="record-outcome"' not in body and 'id="query-downstream"' not in body
+    assert 'id="reconcile-barred"' in body and "Four eyes" in body
+    queue = client.get(QUEUE).content.decode()
+    assert resolve_url(call) not in queue and "Four eyes" in queue
+    token = csrf_token_of(page)
+    barred = client.get(resolve_url(call))
+    assert barred.status_code == 403 and 'id="resolve-form"' not in barred.content.decode()
+    assert any("Four eyes" in m for m in messages_of(barred)), messages_of(barred)
+    response = client.post(resolve_url(call), {"outcome": "applied", "evidence": "it is mine", "csrfmiddlewaretoken": token})
+    assert response.status_code == 403
+    query = reverse("admin:tools_app_unknowntoolcall_query", args=[call.pk])
+    queried = client.post(query, {"csrfmiddlewaretoken": token}, follow=True)
+    assert any("Four eyes" in m for m in messages_of(queried)), messages_of(queried)
+    bulk = client.post(QUEUE, {"action": "query_downstream_now", "_selected_action": [call.pk], "csrfmiddlewaretoken": token},
+                       follow=True)
+    assert any("Four eyes" in m for m in messages_of(bulk)), messages_of(bulk)
+    assert asked == []
+    call.refresh_from_db()
+    assert call.status == ToolCallStatus.UNKNOWN and not AuditEntry.objects.exists()
+    # The actions refuse on their own, whatever the interface.
+    for attempt in (lambda: tool_call_resolve(tool_call=call, applied=True, evidence="mine", acting_user=reconciler),
+                    lambda: tool_call_reconcile_auto(tool_call=call, acting_user=reconciler)):
+        with pytest.raises(ReconcileError) as refused:
+            attempt()
+        assert refused.value.code == "not_permitted" and "Four eyes" in refused.value.message
+    # With four eyes switched off (WARDEN_FOUR_EYES=0) the same operator may.
+    settings.WARDEN_FOUR_EYES = False
+    page = client.get(resolve_url(call))
+    assert page.status_code == 200
+    client.post(resolve_url(call), {"outcome": "not_applied", "evidence": "ledger shows nothing", "csrfmiddlewaretoken": csrf_token_of(page)})
+    assert ToolCall.objects.get(pk=call.pk).status == ToolCallStatus.FAILED
 
 
 def test_a_call_resolved_meanwhile_is_reported_not_resolved_twice(reconciler, unknown_refund):

@@ -14,14 +14,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def unknown_refund(live_server, demo_world):
+def unknown_refund(simulator, demo_world):
     run = RunFactory(status="waiting", phase="", wait_reason="reconciliation")
     call = ToolCallFactory(
         run=run, step=StepFactory(run=run), tool_name="execute_refund", effect="write", status=ToolCallStatus.UNKNOWN,
         arguments={"order_id": "9527", "amount": "25.00", "reason": "customer request"},
         idempotency_key="execute_refund:test-key", finished_at=timezone.now(), next_attempt_at=timezone.now(),
     )
-    with override_settings(WARDEN_SIM_BASE_URL=live_server.url + "/sim", WARDEN_RECONCILE_GRACE_SECONDS=30):
+    with override_settings(WARDEN_RECONCILE_GRACE_SECONDS=30):
         yield call
 
 

@@ -2,7 +2,7 @@
 steps are discarded and asked again within budget, transient model errors back off.
 
 The engine runs in this process (run_drive is exactly what a worker task calls); the
-simulated payment service is served by pytest-django's live server over real HTTP."""
+simulated payment service is served over real HTTP by its own server in this process."""
 
 from datetime import timedelta
 
@@ -23,9 +23,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def sim(live_server, demo_world):
-    with override_settings(WARDEN_SIM_BASE_URL=live_server.url + "/sim", WARDEN_RETRY_BASE_SECONDS=0.01):
-        yield live_server
+def sim(simulator, demo_world):
+    with override_settings(WARDEN_RETRY_BASE_SECONDS=0.01):
+        yield simulator
 
 
 def start(text: str, faults=None, budgets=None) -> Run:

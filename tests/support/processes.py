@@ -1,5 +1,6 @@
-"""Real processes for tests: the web server (daphne), django-q2 worker clusters and the
-sweeper, all pointed at the test database. Used where the behaviour is about processes."""
+"""Real processes for tests: the web server (daphne), the demo's simulated payment service (a
+daphne of its own, as in `make run`), django-q2 worker clusters and the sweeper, all pointed at
+the test database. Used where the behaviour is about processes."""
 
 import os
 import signal
@@ -11,6 +12,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from django.db import connection
+
+from tests.support.simulator import SIMULATOR_ASGI
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = ROOT / "test-artifacts" / "process-logs"
@@ -51,10 +54,11 @@ class ProcessGroup:
     def __init__(self, *, name: str, env: dict[str, str] | None = None):
         self.name = name
         self.port = free_port()
+        self.sim_port = free_port()
         self.base_env = {
             **os.environ,
             "DATABASE_URL": test_database_url(),
-            "WARDEN_SIM_BASE_URL": f"http://127.0.0.1:{self.port}/sim",
+            "WARDEN_SIM_BASE_URL": f"http://127.0.0.1:{self.sim_port}/sim",
             # The server's own origin is the one trusted to post and to open the console's socket.
             "CSRF_TRUSTED_ORIGINS": f"http://127.0.0.1:{self.port}",
             "WARDEN_LEASE_SECONDS": "4",
@@ -85,14 +89,24 @@ class ProcessGroup:
         self.processes[label] = process
         return process
 
-    def start_web(self) -> subprocess.Popen:
+    def start_web(self, *, simulator: bool = True) -> subprocess.Popen:
+        """The web server; with it, as in `make run`, the simulated payment service the demo tools call."""
         process = self.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"])
-        wait_for(self._web_up, timeout=60, message="the web server to accept connections")
+        if simulator:
+            self.start_sim()
+        wait_for(lambda: self._listening(self.port), timeout=60, message="the web server to accept connections")
         return process
 
-    def _web_up(self) -> bool:
+    def start_sim(self) -> subprocess.Popen:
+        """The simulated payment service's own application (tools_app/demo/asgi.py) on its own port."""
+        process = self.start("sim", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.sim_port), SIMULATOR_ASGI])
+        wait_for(lambda: self._listening(self.sim_port), timeout=60, message="the simulated payment service to accept connections")
+        return process
+
+    @staticmethod
+    def _listening(port: int) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return True
         except OSError:
             return False

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from django.db import IntegrityError, transaction
 
-from tools_app.demo.models import SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel
+from tools_app.demo.models import SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimOrderStatus, SimRefund, SimUserLevel
 
 CENT = Decimal("0.01")
 
@@ -140,3 +140,32 @@ def sim_order_upsert(
 
 def sim_user_level_upsert(*, user_id: str, level: str) -> tuple[SimUserLevel, bool]:
     return SimUserLevel.objects.update_or_create(user_id=user_id, defaults={"level": level})
+
+
+DEMO_ORDERS = [
+    {"order_id": "9527", "user_id": "u1", "amount": Decimal("25.00")},
+    {
+        "order_id": "9528",
+        "user_id": "u1",
+        "amount": Decimal("42.50"),
+        "refund_eligible": False,
+        "ineligible_reason": "delivered more than 30 days ago",
+    },
+    {"order_id": "9529", "user_id": "u2", "amount": Decimal("120.00"), "status": SimOrderStatus.SHIPPED},
+    # Small eligible orders for load tests, one refund each.
+    *({"order_id": str(n), "user_id": "u2", "amount": Decimal(n - 995)} for n in range(1001, 1011)),
+]
+DEMO_USER_LEVELS = {"u1": "gold", "u2": "silver"}
+
+
+@transaction.atomic
+def sim_world_seed(*, reset: bool = False) -> int:
+    """Create or update the demo world's orders and user levels (idempotent); with `reset`, also
+    delete every simulated refund and armed fault first. Returns how many orders were new."""
+    if reset:
+        SimRefund.objects.all().delete()
+        SimFault.objects.all().delete()
+    created = sum(sim_order_upsert(**order)[1] for order in DEMO_ORDERS)
+    for user_id, level in DEMO_USER_LEVELS.items():
+        sim_user_level_upsert(user_id=user_id, level=level)
+    return created

@@ -1,12 +1,12 @@
-"""The simulated order/payment service, mounted at /sim/ by config/urls.py."""
+"""The simulated order/payment service's URLconf — the root URLconf of its own server
+(tools_app/demo/asgi.py), never part of the main application's (config/urls.py): it stands for
+an external payment system, so it listens on a port of its own (demo mode only)."""
 
-from django.urls import path
+from django.urls import include, path
 
 from tools_app.demo import views
 
-app_name = "sim"
-
-urlpatterns = [
+service = [
     path("orders/<str:order_id>", views.order_detail_view, name="order-detail"),
     path("users/<str:user_id>/level", views.user_level_view, name="user-level"),
     path("weather", views.weather_view, name="weather"),
@@ -16,3 +16,5 @@ urlpatterns = [
     # Demo mode only: where the demo's webhook endpoint delivers, and a page listing what came.
     path("webhooks/", views.webhook_receiver_view, name="webhooks"),
 ]
+
+urlpatterns = [path("sim/", include((service, "sim")))]

@@ -1,4 +1,4 @@
-"""JSON endpoints of the simulated order/payment service, mounted at /sim/.
+"""JSON endpoints of the simulated order/payment service, at /sim/ on its own server (tools_app/demo/asgi.py).
 
 Machine endpoints, so csrf_exempt — except the fault switchboard, which is for staff signed in
 with a Django session and therefore checks CSRF (answering JSON, not Django's HTML page).
@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from tools_app.demo.faults import fault_before_work, fault_deliver
 from runs_app.models import WebhookEndpoint
-from runs_app.notifications import webhook_signature_valid
+from runs_app.notifications import DEMO_WEBHOOK_ENDPOINT, webhook_signature_valid
 from tools_app.demo.models import SimFaultTarget, SimWebhookReceipt
 from tools_app.demo.selectors import (
     sim_fault_list,
@@ -221,7 +221,6 @@ def faults_view(request: HttpRequest) -> JsonResponse:
 
 
 # The demo's webhook endpoint (runs_app.WebhookEndpoint), created by `manage.py demo_setup`.
-DEMO_WEBHOOK_ENDPOINT = "Demo receiver"
 
 
 @csrf_exempt

@@ -1,24 +1,41 @@
-import os
-
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from runs_app.models import NotificationKind, WebhookEndpoint
-from tools_app.demo.views import DEMO_WEBHOOK_ENDPOINT
+from runs_app.notifications import DEMO_WEBHOOK_ENDPOINT
 
 DEMO_OPERATOR = ("operator", "operator-demo-pass")
 DEMO_CUSTOMER = ("alice", "alice-demo-pass")
 
 
-class Command(BaseCommand):
-    help = "Create the demo operator and customer accounts and seed the demo world (idempotent)."
+def demo_webhook_url() -> str:
+    return settings.WARDEN_SIM_BASE_URL.rstrip("/") + "/webhooks/"
 
-    @transaction.atomic
+
+class Command(BaseCommand):
+    help = "Create the demo operator and customer accounts and seed the demo world (idempotent; demo mode only)."
+
     def handle(self, *args, **options):
+        if not settings.WARDEN_DEMO:
+            # Well-known passwords and a superuser have no place in a real deployment.
+            raise CommandError(
+                "demo_setup creates the demo accounts (with well-known passwords) and the demo world, which exist "
+                "only in demo mode: set WARDEN_DEMO=1 (`make run` does)."
+            )
+        with transaction.atomic():
+            self._accounts_and_world()
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Demo accounts — operator (admin): {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}; "
+                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}; webhooks arrive at {demo_webhook_url()}"
+            )
+        )
+
+    def _accounts_and_world(self):
         User = get_user_model()
         operator, _ = User.objects.get_or_create(username=DEMO_OPERATOR[0], defaults={"is_staff": True})
         operator.is_staff = True
@@ -32,22 +49,10 @@ class Command(BaseCommand):
             operator.user_permissions.add(Permission.objects.get(codename="decide_approval"))
         except Permission.DoesNotExist:
             pass
-        # The demo's webhook endpoint: every notification kind, to the receiver page at /sim/webhooks/
-        # (served in demo mode only), so a person can watch deliveries arrive.
+        # The demo's webhook endpoint: every notification kind, to the receiver page of the simulated
+        # services (demo mode only), so a person can watch deliveries arrive.
         WebhookEndpoint.objects.update_or_create(
             name=DEMO_WEBHOOK_ENDPOINT,
-            defaults={"url": f"{settings.WARDEN_PUBLIC_URL}/sim/webhooks/", "kinds": list(NotificationKind.values), "active": True},
+            defaults={"url": demo_webhook_url(), "kinds": list(NotificationKind.values), "active": True},
         )
-        if os.environ.get("WARDEN_SKIP_DEMO_SEED") != "1":
-            try:
-                call_command("seed_demo", verbosity=0)
-            except Exception as exc:  # the demo world arrives with the engine; accounts work without it
-                if "Unknown command" not in str(exc):
-                    raise
-        self.stdout.write(
-            self.style.SUCCESS(
-                f"Demo accounts — operator (admin): {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}; "
-                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}; "
-                f"webhooks arrive at {settings.WARDEN_PUBLIC_URL}/sim/webhooks/"
-            )
-        )
+        call_command("seed_demo", verbosity=0)

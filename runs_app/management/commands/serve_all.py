@@ -1,4 +1,5 @@
-"""`make run`: the web server (daphne) and a django-q2 worker cluster, stopped together by Ctrl-C."""
+"""`make run`: the web server (daphne), a django-q2 worker cluster and the sweeper — and in demo
+mode the simulated payment service on a daphne of its own — stopped together by Ctrl-C."""
 
 import os
 import signal
@@ -6,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from runs_app.management.commands.demo_setup import DEMO_CUSTOMER, DEMO_OPERATOR
@@ -21,32 +23,37 @@ class Command(BaseCommand):
 
     def handle(self, *args, host, port, no_workers, **options):
         env = dict(os.environ)
-        # The simulated payment service gets a daphne of its own: a synchronous admin view that
-        # calls it (e.g. "query downstream now") must not wait on its own server's only
-        # sync thread.
-        sim_port = int(port) + 1
-        env.setdefault("WARDEN_SIM_BASE_URL", f"http://{host}:{sim_port}/sim")
         daphne = [sys.executable, "-m", "daphne", "-b", host]
-        children = [
-            subprocess.Popen([*daphne, "-p", str(port), "config.asgi:application"], env=env),
-            subprocess.Popen([*daphne, "-p", str(sim_port), "--verbosity", "0", "config.asgi:application"], env=env),
-        ]
+        children = [subprocess.Popen([*daphne, "-p", str(port), "config.asgi:application"], env=env)]
+        if settings.WARDEN_DEMO:
+            # The simulated payment service stands for an external system: its own application
+            # on its own port, never a route of the main one. (Its own server also means a
+            # synchronous admin view that calls it, e.g. "query downstream now", never waits on
+            # the web server's only sync thread.)
+            sim_port = int(port) + 1
+            env.setdefault("WARDEN_SIM_BASE_URL", f"http://{host}:{sim_port}/sim")
+            children.append(subprocess.Popen(
+                [*daphne, "-p", str(sim_port), "--verbosity", "0", "tools_app.demo.asgi:application"], env=env))
         if not no_workers:
             children.append(subprocess.Popen([sys.executable, "manage.py", "qcluster"], env=env))
             # Second-level recovery (expired leases, backoffs, reconciliation); the django-q2
             # schedule does the same every minute where this process is not run.
             children.append(subprocess.Popen([sys.executable, "manage.py", "sweep", "--loop"], env=env))
         base = f"http://{host}:{port}"
+        demo = (
+            f"  payment sim  {env['WARDEN_SIM_BASE_URL']} (demo mode)\n"
+            f"  webhooks     {env['WARDEN_SIM_BASE_URL'].rstrip('/')}/webhooks/ (the demo receiver)\n"
+            f"  operator     {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}\n"
+            f"  customer     {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}\n"
+        ) if settings.WARDEN_DEMO else ""
         self.stdout.write(
             self.style.SUCCESS(
                 "\nWarden is starting:\n"
                 f"  console      {base}/console/\n"
                 f"  admin        {base}/admin/\n"
                 f"  API docs     {base}/api/v1/docs\n"
-                f"  webhooks     {base}/sim/webhooks/ (the demo receiver)\n"
                 f"  health       {base}/readyz, metrics {base}/metrics\n"
-                f"  operator     {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}\n"
-                f"  customer     {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}\n"
+                f"{demo}"
                 "Press Ctrl-C to stop.\n"
             )
         )

@@ -1,0 +1,77 @@
+"""A write PostgreSQL rolls back because of a concurrent one — a deadlock or a serialization
+failure — is answered 503 with Retry-After and the JSON error body, never a 500 (issue 12,
+finding 3). The engine's lock order keeps deadlocks away (tests/engine/test_lock_order.py); this is
+what a client sees should the database abandon a write anyway.
+
+The failure is PostgreSQL's own: the action an endpoint calls is replaced by one that raises the
+SQLSTATE in the database (deadlocks cannot be scheduled from outside), so the error reaches the
+API exactly as a real one would, through psycopg and Django."""
+
+import pytest
+from django.db import connection, transaction
+
+from runs_app.models import Run
+from sessions_app.models import Message, PendingInput
+
+pytestmark = pytest.mark.django_db
+
+ROLLBACKS = ["deadlock_detected", "serialization_failure"]
+
+
+def _rolled_back_by_postgres(condition: str):
+    def action(**kwargs):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"DO $$ BEGIN RAISE EXCEPTION 'injected by the test' USING ERRCODE = '{condition}'; END $$")
+
+    return action
+
+
+def _answered_try_again(response) -> dict:
+    assert response.status_code == 503, response.content
+    assert response["Content-Type"].startswith("application/json")
+    assert int(response["Retry-After"]) >= 1
+    body = response.json()
+    assert body["code"] == "try_again" and "retry" in body["message"].lower()
+    return body
+
+
+@pytest.mark.parametrize("condition", ROLLBACKS)
+def test_a_message_post_the_database_rolled_back_is_503_with_retry_after(world, alice_api, monkeypatch, condition):
+    monkeypatch.setattr("sessions_app.api.message_post", _rolled_back_by_postgres(condition))
+    messages, pending = Message.objects.count(), PendingInput.objects.count()
+    _answered_try_again(alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "refund order 9527"}))
+    assert (Message.objects.count(), PendingInput.objects.count()) == (messages, pending)
+    # The database is usable again at once: the same request, unpatched, goes through.
+    monkeypatch.undo()
+    assert alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "refund order 9527"}).status_code == 201
+
+
+@pytest.mark.parametrize("condition", ROLLBACKS)
+def test_a_cancel_the_database_rolled_back_is_503(world, alice_api, monkeypatch, condition):
+    monkeypatch.setattr("runs_app.api.run_cancel_request", _rolled_back_by_postgres(condition))
+    _answered_try_again(alice_api.post(f"/runs/{world.approval_run.pk}/cancel", {"reason": "changed my mind"}))
+    assert Run.objects.get(pk=world.approval_run.pk).cancel_requested_at is None
+
+
+@pytest.mark.parametrize("condition", ROLLBACKS)
+def test_a_decision_the_database_rolled_back_is_503(world, alice_api, monkeypatch, condition):
+    monkeypatch.setattr("approvals_app.api.approval_decide", _rolled_back_by_postgres(condition))
+    _answered_try_again(alice_api.post(f"/approvals/{world.user_approval.pk}/decision", {"decision": "approve"}))
+
+
+@pytest.mark.parametrize("condition", ROLLBACKS)
+@pytest.mark.parametrize(("endpoint", "action", "body"), [
+    ("resolve", "tools_app.api.tool_call_resolve", {"applied": True, "evidence": "ledger entry L-1"}),
+    ("reconcile", "tools_app.api.tool_call_reconcile_auto", None),
+])
+def test_a_reconciliation_the_database_rolled_back_is_503(world, operator_api, monkeypatch, condition, endpoint, action, body):
+    monkeypatch.setattr(action, _rolled_back_by_postgres(condition))
+    _answered_try_again(operator_api.post(f"/tool-calls/{world.unknown_call.pk}/{endpoint}", body))
+
+
+def test_other_database_errors_stay_a_logged_500(world, alice_api, monkeypatch):
+    """Only a rollback the client can retry is a 503; anything else is a bug."""
+    monkeypatch.setattr("sessions_app.api.message_post", _rolled_back_by_postgres("insufficient_resources"))
+    response = alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "hi"})
+    assert response.status_code == 500 and response.json()["code"] == "internal_error"
+    assert "Retry-After" not in response
