@@ -51,6 +51,10 @@ def _events_match_their_contract(django_db_setup, django_db_blocker):
 
     from runs_app.models import RunEvent
 
+    if connection.settings_dict["NAME"] != connection.creation._get_test_db_name():
+        # No test selected needs the database (pytest-django then creates none): nothing can emit.
+        yield
+        return
     seen: dict[str, set[str]] = {}
     manager = RunEvent.objects
     original = manager.bulk_create
