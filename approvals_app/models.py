@@ -33,7 +33,10 @@ class Approval(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The decider's internal note: the desk and the audit trail only.
     note = models.TextField(blank=True)
+    # What the decider chose to tell the customer; the model is told it and passes it on.
+    customer_message = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["requested_at"]

@@ -22,6 +22,8 @@ def _env_int(name: str, default: int) -> int:
 
 # SECRET_KEY: signs sessions and CSRF tokens. The default is for local development only.
 SECRET_KEY = os.environ.get("SECRET_KEY", "warden-insecure-development-key-change-me")
+# WARDEN_DEMO: demo mode (the demo world, its simulated payment service and the desk's demo controls); default off.
+WARDEN_DEMO = _env_bool("WARDEN_DEMO", False)
 # DEBUG: Django's debug mode; off unless set to 1/true.
 DEBUG = _env_bool("DEBUG", False)
 # ALLOWED_HOSTS: comma-separated host names this server answers to; default local only.
@@ -42,6 +44,8 @@ INSTALLED_APPS = [
     "channels",
     "channels_postgres",
     "django_q",
+    # Listed so /api/v1/docs renders ninja's bundled Swagger UI (static files), never a CDN's.
+    "ninja",
     "sessions_app",
     "runs_app",
     "tools_app",
@@ -194,6 +198,15 @@ WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
 # WARDEN_CONSOLE_RECHECK_SECONDS: how often an open console socket checks its user may still
 # see what it watches (logged out, deactivated, permission lost).
 WARDEN_CONSOLE_RECHECK_SECONDS = float(os.environ.get("WARDEN_CONSOLE_RECHECK_SECONDS", 30))
+
+# WARDEN_TOKEN_PRICE_PER_MILLION: what a million model tokens cost, in WARDEN_COST_CURRENCY; the desk
+# shows runs' cost as tokens × this price (an estimate: one price for prompt and answer); default 0.60.
+WARDEN_TOKEN_PRICE_PER_MILLION = float(os.environ.get("WARDEN_TOKEN_PRICE_PER_MILLION", 0.60))
+# WARDEN_COST_CURRENCY: the currency of that price; default USD.
+WARDEN_COST_CURRENCY = os.environ.get("WARDEN_COST_CURRENCY", "USD")
+# WARDEN_DESK_REFRESH_SECONDS: how often the desk's queues and dashboard reload themselves while
+# nobody is working on the page (0: never); default 30.
+WARDEN_DESK_REFRESH_SECONDS = _env_int("WARDEN_DESK_REFRESH_SECONDS", 30)
 
 # WARDEN_TOOL_MODULES: comma-separated dotted paths of the modules that register the deployment's
 # tools (imported at start-up); default the demo world's tools.
