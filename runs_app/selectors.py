@@ -1,15 +1,19 @@
 """Reads about runs: the filtered list, the detail with everything an integrator or operator
 needs to judge a run, and its event log — scoped to what a user may see."""
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
+
+from django.contrib.auth import get_user_model
 
 from approvals_app.models import Approval
 from config.pagination import keyset_page
 from runs_app.models import RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step
 from sessions_app import access
 from tools_app.models import ToolCall
-from tools_app.selectors import applied_effects
+from sessions_app.models import Session
+from tools_app.selectors import applied_effects, tool_calls_matching
 
 # The list shows the run's state, not its checkpoint: narrower rows, faster pages.
 RUN_LIST_FIELDS = (
@@ -17,6 +21,8 @@ RUN_LIST_FIELDS = (
     "error_code", "created_at", "finished_at",
 )
 RECENT_EVENTS = 50
+# A desk search stops collecting matches here: it narrows a list, it is not an export.
+SEARCH_LIMIT = 2000
 
 
 def _implied_statuses(*, phase: str | None, wait_reason: str | None) -> set[str] | None:
@@ -115,3 +121,34 @@ def run_event_poll(*, run_id, after_seq: int, limit: int) -> tuple[list[RunEvent
     events = run_event_list(run_id=run_id, after_seq=after_seq, limit=limit)
     reached = events[-1].seq if events else after_seq
     return events, status, status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED) and reached >= last_seq
+
+
+def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
+    """Runs a desk search for `term` finds, by business key: an order number or any other tool
+    argument, an idempotency key, the customer (username), the session's title, or an id (run,
+    session, tool call). Each branch is its own index look-up; the union is capped at `limit`."""
+    term = term.strip()
+    if not term or "\x00" in term:
+        return []
+    found: dict = {}
+
+    def add(ids) -> None:
+        for pk in ids:
+            if len(found) >= limit:
+                return
+            found.setdefault(pk, None)
+
+    try:
+        as_uuid = uuid.UUID(term)
+    except ValueError:
+        as_uuid = None
+    if as_uuid is not None:
+        add(Run.objects.filter(pk=as_uuid).values_list("pk", flat=True))
+        add(Run.objects.filter(session_id=as_uuid).values_list("pk", flat=True)[:limit])
+    add(tool_calls_matching(term=term).order_by().values_list("run_id", flat=True)[:limit])
+    owners = list(get_user_model().objects.filter(username__icontains=term).values_list("pk", flat=True)[:20])
+    if owners:
+        add(Run.objects.filter(access.run_session_owner_in(owners)).order_by("-created_at").values_list("pk", flat=True)[:limit])
+    sessions = Session.objects.filter(title__icontains=term).order_by().values("pk")[:limit]
+    add(Run.objects.filter(session_id__in=sessions).values_list("pk", flat=True)[:limit])
+    return list(found)

@@ -1,6 +1,8 @@
 """The approval queue in the admin (SPEC §7, §13): what an operator sees, and approving or
 rejecting over HTTP, logged in, with CSRF — only through approval_decide."""
 
+import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -52,11 +54,22 @@ def test_queue_lists_pending_first_then_oldest_first(operator):
     assert [a.pk for a in response.context["cl"].result_list] == [older.pk, newer.pk, decided_oldest.pk]
 
 
-def test_queue_shows_time_to_expiry_tool_arguments_and_decide_buttons(operator, pending_refund):
+def test_queue_shows_amount_order_customer_expiry_rule_and_decide_buttons(operator, pending_refund):
     body = csrf_client(operator).get(QUEUE).content.decode()
-    assert "execute_refund" in body and "order_id=9527" in body and "amount=25.00" in body
-    assert "in 59\xa0minutes" in body or "in 1\xa0hour" in body
-    assert approve_url(pending_refund.approval) in body and reject_url(pending_refund.approval) in body
+    row = body.split('id="result_list"', 1)[1]
+    assert "execute_refund" in row and "order 9527" in row and "25.00" in row and ">alice<" in row
+    assert re.search(r'data-countdown="[^"]+"[^>]*>in (59 m \d\d s|1 h 00 m)</time>', row), row  # never "in 0 minutes"
+    assert "Operator approval" in row and "four eyes" in row  # the rule that applies
+    assert approve_url(pending_refund.approval) in row and reject_url(pending_refund.approval) in row
+
+
+def test_four_eyes_shows_why_the_viewer_may_not_decide(operator):
+    own = ApprovalFactory(tool_call__step__run__session=SessionFactory(owner=operator))
+    body = csrf_client(operator).get(QUEUE).content.decode()
+    assert approve_url(own) not in body
+    assert "Four eyes: raised in your own session" in body
+    page = csrf_client(operator).get(reverse("admin:approvals_app_approval_change", args=[own.pk])).content.decode()
+    assert 'id="barred-reason"' in page and "Four eyes" in page
 
 
 def test_approval_page_shows_conversation_arguments_and_order_details(operator, pending_refund):
@@ -112,7 +125,7 @@ def test_second_decision_is_told_who_decided_first(operator, pending_refund):
     assert AuditEntry.objects.filter(object_id=str(pending_refund.approval.pk)).count() == 1
 
 
-def test_reject_needs_a_note_and_tells_the_model(operator, pending_refund):
+def test_reject_needs_a_note_and_tells_the_model_only_what_is_meant_for_the_customer(operator, pending_refund):
     client = csrf_client(operator)
     page = client.get(reject_url(pending_refund.approval))
     response = client.post(reject_url(pending_refund.approval), {"note": "", "csrfmiddlewaretoken": csrf_token_of(page)})
@@ -120,15 +133,24 @@ def test_reject_needs_a_note_and_tells_the_model(operator, pending_refund):
     pending_refund.approval.refresh_from_db()
     assert pending_refund.approval.status == ApprovalStatus.PENDING
 
-    response = decide_over_http(client, reject_url(pending_refund.approval), note="customer already compensated")
+    page = client.get(reject_url(pending_refund.approval))
+    response = client.post(reject_url(pending_refund.approval), {
+        "note": "customer already compensated, ticket 4711", "customer_message": "We have sent you a voucher instead.",
+        "csrfmiddlewaretoken": csrf_token_of(page),
+    }, follow=True)
     assert any(m.startswith("Rejected") for m in messages_of(response))
     pending_refund.approval.refresh_from_db()
     assert pending_refund.approval.status == ApprovalStatus.REJECTED
     refund = ToolCall.objects.get(pk=pending_refund.refund.pk)
     assert refund.status == ToolCallStatus.CANCELLED and refund.error_code == "approval_rejected"
     told = Message.objects.get(session=pending_refund.run.session, role=MessageRole.TOOL, tool_call_id="call_r")
-    assert "customer already compensated" in told.content
-    assert AuditEntry.objects.get(object_id=str(pending_refund.approval.pk)).action == "reject"
+    # The model — which talks to the customer — is told who declined in general terms and the
+    # message meant for the customer; the operator's note stays on the desk and in the audit trail.
+    assert "ticket 4711" not in told.content and "compensated" not in told.content
+    assert json.loads(told.content)["error"]["message"] == "An operator declined it. We have sent you a voucher instead."
+    entry = AuditEntry.objects.get(object_id=str(pending_refund.approval.pk))
+    assert entry.action == "reject" and entry.note == "customer already compensated, ticket 4711"
+    assert entry.after == {"status": "rejected", "customer_message": "We have sent you a voucher instead."}
 
 
 def test_staff_without_the_permission_sees_no_buttons_and_cannot_decide(viewer, pending_refund):
