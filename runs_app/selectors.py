@@ -17,7 +17,7 @@ from tools_app.selectors import applied_effects, tool_calls_matching
 
 # The list shows the run's state, not its checkpoint: narrower rows, faster pages.
 RUN_LIST_FIELDS = (
-    "id", "session_id", "status", "phase", "wait_reason", "model_calls", "tokens_used", "cancel_requested_at",
+    "id", "session_id", "status", "phase", "wait_reason", "outcome", "model_calls", "tokens_used", "cancel_requested_at",
     "error_code", "created_at", "finished_at",
 )
 RECENT_EVENTS = 50
@@ -43,6 +43,7 @@ def run_list(
     statuses: list[str] | None = None,
     phase: str | None = None,
     wait_reason: str | None = None,
+    outcomes: list[str] | None = None,
     session_id=None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
@@ -64,6 +65,8 @@ def run_list(
         queryset = queryset.filter(phase=phase)
     if wait_reason:
         queryset = queryset.filter(wait_reason=wait_reason)
+    if outcomes:
+        queryset = queryset.filter(outcome__in=sorted(set(outcomes)))
     if session_id:
         queryset = queryset.filter(session_id=session_id)
     if created_after:
@@ -75,11 +78,13 @@ def run_list(
         order_prefix.append(access.run_session_owner())
     if wanted is not None and len(wanted) == 1:
         order_prefix.append("status")
+    elif outcomes and len(set(outcomes)) == 1 and access.reads_any_run(user):
+        order_prefix.append("outcome")  # the run_outcome_recent index yields the page in order
     return keyset_page(queryset, cursor=cursor, limit=limit, position_field="created_at", order_prefix=tuple(order_prefix))
 
 
 def run_get(*, user, run_id) -> Run | None:
-    return access.visible_runs(user=user).select_related("session", "created_by", "cancel_requested_by").filter(pk=run_id).first()
+    return access.visible_runs(user=user).select_related("session__owner", "created_by", "cancel_requested_by").filter(pk=run_id).first()
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,8 @@ def run_detail(*, run: Run) -> RunDetail:
         run=run,
         steps=list(Step.objects.filter(run_id=run.pk).order_by("index")),
         tool_calls=list(
-            ToolCall.objects.filter(run_id=run.pk).select_related("resolved_by", "approval", "step").order_by("step__index", "index")
+            ToolCall.objects.filter(run_id=run.pk).select_related("resolved_by", "approval", "step", "run__session")
+            .order_by("step__index", "index")
         ),
         approvals=list(
             Approval.objects.filter(run_id=run.pk).select_related("decided_by", "tool_call", "run__session").order_by("requested_at")

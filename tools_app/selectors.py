@@ -19,7 +19,7 @@ def tool_call_list(
     *, user, statuses: list[str] | None = None, run_id=None, tool_name: str | None = None, cursor: str | None = None, limit: int
 ) -> tuple[list[ToolCall], str | None]:
     """Newest first, keyset-paginated, one query per page."""
-    queryset = access.visible_tool_calls(user=user).select_related("resolved_by", "approval")
+    queryset = access.visible_tool_calls(user=user).select_related("resolved_by", "approval", "run__session")
     if statuses:
         queryset = queryset.filter(status__in=statuses)
     if run_id:
