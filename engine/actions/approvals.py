@@ -118,7 +118,8 @@ def _ago(moment) -> str:
         return "just now"
     if abs(seconds) < 60:
         return f"{int(abs(seconds))} seconds {'ago' if seconds > 0 else 'from now'}"
-    return f"{timesince(moment)} ago" if seconds > 0 else f"in {timeuntil(moment)}"
+    text = f"{timesince(moment)} ago" if seconds > 0 else f"in {timeuntil(moment)}"
+    return text.replace("\xa0", " ")  # plain text (API messages), not HTML
 
 
 def tool_call_close_for_decision(*, approval: Approval, lease_token: int | None = None) -> None:

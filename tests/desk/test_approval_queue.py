@@ -240,3 +240,41 @@ def test_the_decide_permission_alone_shows_operator_requests_not_customers_confi
     queue = client.get(QUEUE).content.decode()
     assert str(pending_refund.approval.pk)[:8] in queue and str(confirmation.pk)[:8] not in queue
     assert client.get(reverse("admin:approvals_app_approval_change", args=[confirmation.pk])).status_code == 302
+
+
+def test_bulk_reject_decides_each_request_on_its_own_and_skips_what_the_viewer_may_not_decide(operator, pending_refund):
+    own = ApprovalFactory(tool_call__step__run__session=SessionFactory(owner=operator))
+    other = ApprovalFactory()
+    client = csrf_client(operator)
+    token = csrf_token_of(client.get(QUEUE))
+    selected = [str(pending_refund.approval.pk), str(own.pk), str(other.pk)]
+    confirm = client.post(QUEUE, {"action": "reject_selected", "_selected_action": selected, "csrfmiddlewaretoken": token})
+    page = confirm.content.decode()
+    assert confirm.status_code == 200 and 'id="decide-form"' in page
+    assert "skipped: Four eyes" in page and 'value="Yes, reject 2"' in page
+    response = client.post(QUEUE, {
+        "action": "reject_selected", "_selected_action": selected, "confirm": "yes", "note": "duplicate requests",
+        "csrfmiddlewaretoken": csrf_token_of(confirm),
+    }, follow=True)
+    assert any(m.startswith("2 request(s)") for m in messages_of(response)), messages_of(response)
+    assert any("Four eyes" in m for m in messages_of(response))
+    statuses = dict(Approval.objects.filter(pk__in=selected).values_list("pk", "status"))
+    assert statuses == {pending_refund.approval.pk: "rejected", own.pk: "pending", other.pk: "rejected"}
+    assert AuditEntry.objects.filter(action="reject", actor=operator).count() == 2
+
+
+def test_bulk_decisions_need_the_decide_permission(viewer, pending_refund):
+    client = csrf_client(viewer)
+    page = client.get(QUEUE).content.decode()
+    assert "approve_selected" not in page
+    response = client.post(QUEUE, {"action": "approve_selected", "_selected_action": [str(pending_refund.approval.pk)],
+                                   "confirm": "yes", "csrfmiddlewaretoken": csrf_token_of(client.get(QUEUE))})
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.status == ApprovalStatus.PENDING and response.status_code in (200, 302)
+
+
+def test_a_late_decision_says_when_it_expired_in_words(operator, pending_refund):
+    Approval.objects.filter(pk=pending_refund.approval.pk).update(expires_at=timezone.now() - timedelta(minutes=3))
+    response = decide_over_http(csrf_client(operator), approve_url(pending_refund.approval), note="late")
+    message = " ".join(messages_of(response))
+    assert "expired at" in message and "3 minutes ago" in message and "+00:00" not in message, message

@@ -563,3 +563,14 @@ def test_classification_is_deterministic():
     first = provider.classify_input(history=REFUND_HISTORY, text="what's the weather?")
 
     assert provider.classify_input(history=REFUND_HISTORY, text="what's the weather?") == first
+
+
+def test_a_refund_confirmed_by_an_operator_without_the_gateways_answer_is_reported_done():
+    conversation = Conversation("refund order 9527")
+    conversation.answer(conversation.turn(), ELIGIBLE_ORDER)
+    refund = conversation.turn()
+    conversation.answer(refund, None)  # reconciled as applied with no result
+
+    answer = conversation.turn()
+
+    assert answer.text == "Done: the refund of 59.00 EUR for order 9527 has been issued."

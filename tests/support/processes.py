@@ -88,9 +88,19 @@ class ProcessGroup:
         wait_for(self._web_up, timeout=60, message="the web server to accept connections")
         return process
 
-    def _web_up(self) -> bool:
+    def start_sim(self) -> subprocess.Popen:
+        """The simulated payment service on a daphne (and port) of its own, as `make run` serves it:
+        a synchronous desk view that calls it (a demo fault button, "query downstream now") must not
+        wait on its own server's only sync thread. Call before starting the processes that use it."""
+        self.sim_port = free_port()
+        self.base_env["WARDEN_SIM_BASE_URL"] = f"http://127.0.0.1:{self.sim_port}/sim"
+        process = self.start("sim", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.sim_port), "config.asgi:application"])
+        wait_for(lambda: self._web_up(self.sim_port), timeout=60, message="the simulated service to accept connections")
+        return process
+
+    def _web_up(self, port: int | None = None) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+            with socket.create_connection(("127.0.0.1", port or self.port), timeout=0.5):
                 return True
         except OSError:
             return False

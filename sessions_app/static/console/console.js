@@ -493,6 +493,12 @@
       box.appendChild(node);
     }
     node.className = "approval status-" + p.status + " policy-" + p.policy;
+    var askEl = node.querySelector(".approval-ask");
+    var named = askEl.querySelector("b");
+    var what = named ? named.textContent : toolLabel(p.tool || "a tool").toLowerCase();
+    askEl.textContent = (p.policy === "user" ? "Your confirmation" : "An operator's approval") +
+      (p.status === "pending" ? " is needed" : " was asked for") + " to ";
+    askEl.append(make("b", null, what), document.createTextNode("."));
     var stateEl = role(node, "approval-state");
     stateEl.textContent = "";
     if (p.status === "pending") {
