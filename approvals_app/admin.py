@@ -5,7 +5,6 @@ one request, or several at once after a confirmation — which calls `approval_d
 every other interface, once per request (each checked and audited on its own)."""
 
 from django.contrib import admin
-from django.db.models import Case, IntegerField, Value, When
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
@@ -13,13 +12,33 @@ from approvals_app.admin_display import age, amount_of, badge, compact_arguments
 from approvals_app.admin_views import approval_decide_view, approvals_decide_action
 from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus, AuditEntry
 from approvals_app.selectors import approval_conversation, approval_read_results
-from config.admin_base import BusinessKeySearch, PolicyScopedAdmin, ReadOnlyAdmin
+from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyAdmin
 from runs_app.selectors import run_ids_matching
 from sessions_app import access
 from tools_app.registry import tool_get
 
-# Pending requests first (they are the queue), then oldest first.
-PENDING_FIRST = Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1), output_field=IntegerField())
+
+
+class QueueStatusFilter(admin.SimpleListFilter):
+    """The queue is what is pending, oldest first — the default, and one range of the
+    approval_pending_oldest index; the decided ones are a click away."""
+
+    title = "status"
+    parameter_name = "status__exact"
+    ALL = "all"
+
+    def lookups(self, request, model_admin):
+        return [(self.ALL, "All"), *ApprovalStatus.choices]
+
+    def choices(self, changelist):
+        value = self.value() or ApprovalStatus.PENDING
+        for lookup, title in self.lookup_choices:
+            yield {"selected": value == lookup, "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                   "display": title}
+
+    def queryset(self, request, queryset):
+        value = self.value() or ApprovalStatus.PENDING
+        return queryset if value == self.ALL else queryset.filter(status=value)
 FOUR_EYES_SHORT = "Four eyes: raised in your own session — another operator decides."
 
 
@@ -38,9 +57,9 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     list_display = ("amount", "order", "customer", "waiting", "expiry", "rule", "status_badge")
     list_display_links = ("order",)
     list_select_related = ("run__session__owner", "tool_call", "decided_by")
-    list_filter = ("status", "policy")
+    list_filter = (QueueStatusFilter, "policy")
     search_help_text = "Order number or any tool argument, customer, session title, idempotency key, or an id."
-    ordering = (PENDING_FIRST.asc(), "requested_at")
+    ordering = ("requested_at",)
     actions = ("approve_selected", "reject_selected")
     list_per_page = 50
     show_full_result_count = False
@@ -242,8 +261,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     list_filter = ("action", "object_type", ("actor", admin.RelatedOnlyFieldListFilter), "created_at")
     search_fields = ("=object_id", "=run__id", "actor__username", "note")
     search_help_text = "An object's or run's id, an operator's username, or words of the note."
-    date_hierarchy = "created_at"
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     fieldsets = (
         (None, {"fields": ("created_at", "actor", "action", "object_link", "run", "note")}),
         ("State", {"fields": ("before_pretty", "after_pretty")}),

@@ -61,6 +61,8 @@ class Approval(models.Model):
         ]
         indexes = [
             models.Index(fields=["requested_at"], condition=Q(status="pending"), name="approval_pending_oldest"),
+            # The desk's "all" view of the queue, and the dashboard's approval waits by day.
+            models.Index(fields=["requested_at"], name="approval_requested"),
         ]
 
     def __str__(self) -> str:
@@ -85,7 +87,11 @@ class AuditEntry(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "audit entries"
-        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object")]
+        indexes = [
+            models.Index(fields=["object_type", "object_id"], name="audit_object"),
+            # The trail newest first, and the dashboard's recent decisions.
+            models.Index(fields=["-created_at", "-id"], name="audit_recent"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} {self.object_type} {self.object_id}"

@@ -13,8 +13,9 @@ from django.utils.html import format_html
 
 from approvals_app.admin_display import badge, compact_arguments, cost_text, duration_of, pretty_json, table
 from approvals_app.models import Approval
-from config.admin_base import BusinessKeySearch, PolicyScopedAdmin, ReadOnlyInline
+from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyInline
 from runs_app.admin_views import run_cancel_view, runs_cancel_action
+from runs_app.events import RunEventType
 from runs_app.models import NOT_TAKEN_EFFECT, ContextSummary, Run, RunEvent, RunOutcome, Step
 from runs_app.selectors import run_ids_matching
 from sessions_app import access
@@ -67,6 +68,19 @@ class ApprovalInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class EventTypeFilter(admin.SimpleListFilter):
+    """By type: the contract's types (runs_app.events), not a DISTINCT over every event."""
+
+    title = "type"
+    parameter_name = "type"
+
+    def lookups(self, request, model_admin):
+        return RunEventType.choices
+
+    def queryset(self, request, queryset):
+        return queryset.filter(type=self.value()) if self.value() else queryset
+
+
 class OutcomeFilter(admin.SimpleListFilter):
     """By outcome — and "did not happen", every run whose write was not applied, rejected or expired."""
 
@@ -96,6 +110,7 @@ class RunAdmin(BusinessKeySearch, PolicyScopedAdmin):
     actions = ("request_cancel",)
     list_per_page = 50
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
     inlines = [ToolCallInline, ApprovalInline, StepInline]
     fieldsets = (
         (None, {"fields": ("id", "session", "created_by", "status", "outcome", "phase", "wait_reason", "provider")}),
@@ -243,21 +258,26 @@ class StepAdmin(_PartOfRunAdmin):
     list_filter = ("kind", "status")
     search_fields = ("=run__id",)
     show_full_result_count = False
+    ordering = ("-id",)  # newest first, by the primary key (the model's order joins every run)
+    paginator = EstimatedCountPaginator
 
 
 @admin.register(RunEvent)
 class RunEventAdmin(_PartOfRunAdmin):
     list_display = ("id", "run", "seq", "type", "created_at")
     list_select_related = ("run",)
-    list_filter = ("type",)
+    list_filter = (EventTypeFilter,)
     search_fields = ("=run__id",)
     show_full_result_count = False
+    ordering = ("-id",)
+    paginator = EstimatedCountPaginator
 
 
 @admin.register(ContextSummary)
 class ContextSummaryAdmin(PolicyScopedAdmin):
     list_display = ("id", "session", "covers_through_seq", "created_at")
     list_select_related = ("session",)
+    ordering = ("-id",)
 
     def visible(self, user):
         sessions = access.visible_sessions(user=user)

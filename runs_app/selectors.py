@@ -156,5 +156,6 @@ def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
     if owners:
         add(Run.objects.filter(access.run_session_owner_in(owners)).order_by("-created_at").values_list("pk", flat=True)[:limit])
     sessions = Session.objects.filter(title__icontains=term).order_by().values("pk")[:limit]
-    add(Run.objects.filter(session_id__in=sessions).values_list("pk", flat=True)[:limit])
+    # Unordered: ordered by time, PostgreSQL would walk every run newest first looking for these.
+    add(Run.objects.filter(session_id__in=sessions).order_by().values_list("pk", flat=True)[:limit])
     return list(found)

@@ -5,7 +5,7 @@ from django.http import HttpResponse
 from django.template import engines
 from django.urls import reverse
 
-from config.admin_base import BusinessKeySearch, PolicyScopedAdmin, ReadOnlyInline
+from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyInline
 from runs_app.models import Run
 from runs_app.selectors import run_ids_matching
 from sessions_app import access
@@ -62,7 +62,10 @@ class MessageAdmin(_PartOfSessionAdmin):
     list_display = ("id", "session", "seq", "role", "short_content", "run", "created_at")
     list_select_related = ("session", "run")
     list_filter = ("role",)
-    search_fields = ("=session__id", "=run__id", "content")
+    search_fields = ("=session__id", "=run__id")
+    ordering = ("-id",)  # newest first, by the primary key (the model's order joins every session)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
 
     @admin.display(description="content")
     def short_content(self, obj):
@@ -75,6 +78,7 @@ class PendingInputAdmin(_PartOfSessionAdmin):
     list_select_related = ("session",)
     list_filter = ("mode", "disposition")
     search_fields = ("=session__id",)
+    ordering = ("-id",)
 
 
 # The page shown once after an API key is created: the only time its secret is ever visible.

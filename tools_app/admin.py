@@ -10,14 +10,28 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from approvals_app.admin_display import age, amount_of, badge, compact_arguments, pretty_json, waited
-from config.admin_base import BusinessKeySearch, PolicyScopedAdmin
-from runs_app.selectors import run_ids_matching
+from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin
+from runs_app.selectors import SEARCH_LIMIT, run_ids_matching
 from sessions_app import access
 from tools_app.admin_views import demo_faults_view, query_downstream, tool_call_query_view, tool_call_resolve_view
 from tools_app.models import ToolCall, ToolCallStatus, UnknownToolCall
+from tools_app.registry import tool_list
 from tools_app.selectors import tool_calls_matching
 
 SEARCH_HELP = "Order number or any tool argument, idempotency key, customer, session title, or an id."
+
+
+class ToolNameFilter(admin.SimpleListFilter):
+    """By tool: the registered tools (tools_app.registry), not a DISTINCT over every call."""
+
+    title = "tool"
+    parameter_name = "tool_name"
+
+    def lookups(self, request, model_admin):
+        return [(tool.name, tool.name) for tool in sorted(tool_list(), key=lambda tool: tool.name)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(tool_name=self.value()) if self.value() else queryset
 
 
 @admin.register(ToolCall)
@@ -25,9 +39,11 @@ class ToolCallAdmin(BusinessKeySearch, PolicyScopedAdmin):
     list_display = ("short_id", "tool_name", "arguments_summary", "status_badge", "customer", "attempts", "created_at")
     list_display_links = ("short_id",)
     list_select_related = ("run__session__owner",)
-    list_filter = ("status", "effect", "tool_name")
+    list_filter = ("status", "effect", ToolNameFilter)
     search_help_text = SEARCH_HELP
     show_full_result_count = False
+    ordering = ("-created_at",)
+    paginator = EstimatedCountPaginator
     fieldsets = (
         (None, {"fields": ("id", "run", "step", "index", "tool_call_id", "tool_name", "effect", "status", "attempts", "lease_token")}),
         ("Request", {"fields": ("arguments_pretty", "idempotency_key", "reused_from")}),
@@ -44,8 +60,10 @@ class ToolCallAdmin(BusinessKeySearch, PolicyScopedAdmin):
 
     def search_business_keys(self, queryset, term):
         # The calls themselves (an argument, a key, an id), and every call of the runs a
-        # customer, a session title or a run id leads to.
-        return queryset.filter(Q(pk__in=tool_calls_matching(term=term).values("pk")) | Q(run_id__in=run_ids_matching(term=term)))
+        # customer, a session title or a run id leads to. Both are collected first (bounded
+        # index look-ups): OR-ed as subqueries, PostgreSQL would test every call against both.
+        calls = list(tool_calls_matching(term=term).values_list("pk", flat=True)[:SEARCH_LIMIT])
+        return queryset.filter(Q(pk__in=calls) | Q(run_id__in=run_ids_matching(term=term)))
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
@@ -87,7 +105,7 @@ class UnknownToolCallAdmin(ToolCallAdmin):
     list_display = ("amount", "request", "customer", "unknown_for", "lookups", "why_unknown", "run_state")
     list_display_links = ("request",)
     list_select_related = ("run__session__owner",)
-    list_filter = ("tool_name",)
+    list_filter = (ToolNameFilter,)
     ordering = ("finished_at", "created_at")
     actions = ("query_downstream_now",)
 

@@ -107,6 +107,8 @@ class ToolCall(models.Model):
             models.Index(fields=["status", "created_at"], name="tool_call_status_recent"),
             # The desk's search by business key: any argument's value (jsonb_ops answers `@?`).
             GinIndex(fields=["arguments"], name="tool_call_arguments_search"),
+            # The desk's list of tool calls, newest first.
+            models.Index(fields=["-created_at", "-id"], name="tool_call_recent"),
         ]
 
     def __str__(self) -> str:

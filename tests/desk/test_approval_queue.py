@@ -40,7 +40,7 @@ def decide_over_http(client, url: str, note: str):
     return client.post(url, {"note": note, "csrfmiddlewaretoken": csrf_token_of(page)}, follow=True)
 
 
-def test_queue_lists_pending_first_then_oldest_first(operator):
+def test_queue_lists_the_pending_oldest_first_and_the_decided_a_click_away(operator):
     now = timezone.now()
     decided_oldest = ApprovalFactory()
     Approval.objects.filter(pk=decided_oldest.pk).update(
@@ -50,8 +50,11 @@ def test_queue_lists_pending_first_then_oldest_first(operator):
     older = ApprovalFactory()
     Approval.objects.filter(pk=newer.pk).update(requested_at=now - timedelta(hours=1))
     Approval.objects.filter(pk=older.pk).update(requested_at=now - timedelta(hours=2))
-    response = csrf_client(operator).get(QUEUE)
-    assert [a.pk for a in response.context["cl"].result_list] == [older.pk, newer.pk, decided_oldest.pk]
+    client = csrf_client(operator)
+    assert [a.pk for a in client.get(QUEUE).context["cl"].result_list] == [older.pk, newer.pk]
+    everything = client.get(QUEUE, {"status__exact": "all"}).context["cl"].result_list
+    assert [a.pk for a in everything] == [decided_oldest.pk, older.pk, newer.pk]
+    assert [a.pk for a in client.get(QUEUE, {"status__exact": "expired"}).context["cl"].result_list] == [decided_oldest.pk]
 
 
 def test_queue_shows_amount_order_customer_expiry_rule_and_decide_buttons(operator, pending_refund):
