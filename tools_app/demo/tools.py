@@ -36,6 +36,7 @@ CUSTOMER_TEXTS = {
     "already_refunded": "This order has already been refunded.",
     "amount_exceeds_order": "The amount is more than the order's total.",
     "idempotency_key_reused": "This refund does not match the one already booked for it.",
+    "not_applied": "The payment service confirmed the refund did not go through; no money moved.",
     "gateway_unreachable": "The payment service could not be reached; nothing was done.",
     "gateway_misconfigured": "The payment service is not set up correctly; nothing was done.",
     "idempotency_key_missing": "The refund could not be sent safely; nothing was done.",
