@@ -14,7 +14,7 @@ from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, Policy
 from runs_app.selectors import SEARCH_LIMIT, run_ids_matching
 from sessions_app import access
 from tools_app.admin_views import demo_faults_view, query_downstream, tool_call_query_view, tool_call_resolve_view
-from tools_app.models import ToolCall, ToolCallStatus, UnknownToolCall
+from tools_app.models import ToolCall, ToolCallStatus, ToolEffect, UnknownToolCall
 from tools_app.registry import tool_list
 from tools_app.selectors import tool_calls_matching
 
@@ -32,6 +32,13 @@ class ToolNameFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         return queryset.filter(tool_name=self.value()) if self.value() else queryset
+
+
+class WriteToolNameFilter(ToolNameFilter):
+    """Only writes can have an unknown outcome."""
+
+    def lookups(self, request, model_admin):
+        return [(tool.name, tool.name) for tool in sorted(tool_list(), key=lambda tool: tool.name) if tool.effect == ToolEffect.WRITE]
 
 
 @admin.register(ToolCall)
@@ -105,7 +112,7 @@ class UnknownToolCallAdmin(ToolCallAdmin):
     list_display = ("amount", "request", "customer", "unknown_for", "lookups", "why_unknown", "run_state")
     list_display_links = ("request",)
     list_select_related = ("run__session__owner",)
-    list_filter = (ToolNameFilter,)
+    list_filter = (WriteToolNameFilter,)
     ordering = ("finished_at", "created_at")
     actions = ("query_downstream_now",)
 
