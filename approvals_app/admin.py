@@ -1,43 +1,77 @@
 """The approval queue and the audit trail of the operators' desk (SPEC §7, §13).
 
-Both are read-only models in the admin: the only way to change an approval is the decision
-page, which calls `approval_decide` like every other interface."""
+Both are read-only models in the admin: the only way to change an approval is a decision page —
+one request, or several at once after a confirmation — which calls `approval_decide` like
+every other interface, once per request (each checked and audited on its own)."""
 
 from django.contrib import admin
-from django.db.models import Case, IntegerField, Value, When
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from approvals_app.admin_display import age, compact_arguments, pretty_json, table, time_to_expiry
-from approvals_app.admin_views import approval_decide_view
-from approvals_app.models import Approval, ApprovalStatus, AuditEntry
+from approvals_app.admin_display import age, amount_of, badge, compact_arguments, countdown, pretty_json, table, waited
+from approvals_app.admin_views import approval_decide_view, approvals_decide_action
+from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus, AuditEntry
 from approvals_app.selectors import approval_conversation, approval_read_results
-from config.admin_base import PolicyScopedAdmin, ReadOnlyAdmin
+from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyAdmin
+from runs_app.selectors import run_ids_matching
 from sessions_app import access
+from tools_app.registry import tool_get
 
-# Pending requests first (they are the queue), then oldest first.
-PENDING_FIRST = Case(When(status=ApprovalStatus.PENDING, then=Value(0)), default=Value(1), output_field=IntegerField())
+
+
+class QueueStatusFilter(admin.SimpleListFilter):
+    """The queue is what is pending, oldest first — the default, and one range of the
+    approval_pending_oldest index; the decided ones are a click away."""
+
+    title = "status"
+    parameter_name = "status__exact"
+    ALL = "all"
+
+    def lookups(self, request, model_admin):
+        return [(self.ALL, "All"), *ApprovalStatus.choices]
+
+    def choices(self, changelist):
+        value = self.value() or ApprovalStatus.PENDING
+        for lookup, title in self.lookup_choices:
+            yield {"selected": value == lookup, "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                   "display": title}
+
+    def queryset(self, request, queryset):
+        value = self.value() or ApprovalStatus.PENDING
+        return queryset if value == self.ALL else queryset.filter(status=value)
+FOUR_EYES_SHORT = "Four eyes: raised in your own session — another operator decides."
+
+
+def applicable_rule(approval: Approval) -> str:
+    """Why this request needs this decider: the policy, and the tool rule that asked for it."""
+    tool = tool_get(approval.tool_call.tool_name)
+    who = "Operator approval" if approval.policy == ApprovalPolicy.OPERATOR else "Customer's confirmation"
+    scope = f"tool policy: every {approval.tool_call.tool_name}" if tool is not None else "tool no longer registered"
+    if approval.policy == ApprovalPolicy.OPERATOR:
+        scope += " · four eyes"
+    return format_html('{}<br><small class="desk-muted">{}</small>', who, scope)
 
 
 @admin.register(Approval)
-class ApprovalAdmin(PolicyScopedAdmin):
-    list_display = (
-        "short_id", "status", "tool", "arguments_summary", "requested_by", "requested_at", "expiry", "decided_by",
-        "decided_at",
-    )
-    list_display_links = ("short_id",)
+class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
+    list_display = ("amount", "order", "customer", "waiting", "expiry", "rule", "status_badge")
+    list_display_links = ("order",)
     list_select_related = ("run__session__owner", "tool_call", "decided_by")
-    list_filter = ("status", "policy")
-    search_fields = ("=id", "=run__id", "tool_call__tool_name", "tool_call__idempotency_key")
-    ordering = (PENDING_FIRST.asc(), "requested_at")
+    list_filter = (QueueStatusFilter, "policy")
+    search_help_text = "Order number or any tool argument, customer, session title, idempotency key, or an id."
+    ordering = ("requested_at",)
+    actions = ("approve_selected", "reject_selected")
+    list_per_page = 50
+    show_full_result_count = False
     fieldsets = (
-        ("Decision", {"fields": ("status", "expiry", "policy", "requested_at", "expires_at", "decided_by", "decided_at", "note")}),
+        ("Decision", {"fields": ("status", "expiry", "rule", "policy", "requested_at", "expires_at", "decided_by", "decided_at",
+                                 "note", "customer_message")}),
         ("What is asked", {"fields": ("tool", "arguments_pretty", "idempotency_key", "run_link", "session_link")}),
         ("What the run found (read tools)", {"fields": ("read_results",)}),
         ("Conversation (latest messages)", {"fields": ("conversation",)}),
     )
     readonly_fields = (
-        "expiry", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
+        "expiry", "rule", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
     )
 
     def get_urls(self):
@@ -65,17 +99,71 @@ class ApprovalAdmin(PolicyScopedAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by")
 
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"title": "Approval queue", **(extra_context or {})})
+
+    def search_business_keys(self, queryset, term):
+        return queryset.filter(run_id__in=run_ids_matching(term=term))
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
         approval = self.get_object(request, object_id)
-        extra_context = {**(extra_context or {}), "can_decide": approval is not None and self._decidable(request, approval)}
+        extra_context = {
+            **(extra_context or {}),
+            "can_decide": approval is not None and self._decidable(request, approval),
+            "barred": access.why_not_a_decider(user=request.user, approval=approval)
+            if approval is not None and approval.status == ApprovalStatus.PENDING else "",
+        }
         return super().change_view(request, object_id, form_url, extra_context)
 
     def _decidable(self, request, approval: Approval) -> bool:
         return access.can_decide_approval(user=request.user, approval=approval)
 
-    @admin.display(description="id", ordering="id")
-    def short_id(self, obj):
-        return str(obj.pk)[:8]
+    def has_decide_permission(self, request) -> bool:
+        # The bulk actions; each request is still checked on its own when decided.
+        return access.operator_powers(request.user)["decide_operator_approvals"]
+
+    @admin.action(description="Approve selected requests…", permissions=["decide"])
+    def approve_selected(self, request, queryset):
+        return approvals_decide_action(self, request, queryset, decision="approve")
+
+    @admin.action(description="Reject selected requests…", permissions=["decide"])
+    def reject_selected(self, request, queryset):
+        return approvals_decide_action(self, request, queryset, decision="reject")
+
+    # --- columns ------------------------------------------------------------------------------
+
+    @admin.display(description="amount")
+    def amount(self, obj):
+        value = amount_of(obj.tool_call.arguments)
+        return format_html('<span class="desk-amount">{}</span>', value) if value is not None else "—"
+
+    @admin.display(description="order")
+    def order(self, obj):
+        arguments = obj.tool_call.arguments or {}
+        order = arguments.get("order_id")
+        label = f"order {order}" if order else compact_arguments(arguments, 30)
+        return format_html('{}<br><small class="desk-muted">{}</small>', label, obj.tool_call.tool_name)
+
+    @admin.display(description="customer", ordering="run__session__owner__username")
+    def customer(self, obj):
+        return obj.run.session.owner.get_username()
+
+    @admin.display(description="waiting", ordering="requested_at")
+    def waiting(self, obj):
+        return waited(obj.requested_at) if obj.status == ApprovalStatus.PENDING else age(obj.requested_at, obj.decided_at)
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expiry(self, obj):
+        return countdown(obj.expires_at) if obj.status == ApprovalStatus.PENDING else "—"
+
+    @admin.display(description="rule")
+    def rule(self, obj):
+        return applicable_rule(obj)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj):
+        text = obj.status if not obj.decided_by_id else f"{obj.status} by {obj.decided_by.get_username()}"
+        return badge(text, f"approval-{obj.status}")
 
     @admin.display(description="tool", ordering="tool_call__tool_name")
     def tool(self, obj):
@@ -96,10 +184,6 @@ class ApprovalAdmin(PolicyScopedAdmin):
     @admin.display(description="session of", ordering="run__session__owner__username")
     def requested_by(self, obj):
         return obj.run.session.owner.get_username()
-
-    @admin.display(description="expires")
-    def expiry(self, obj):
-        return time_to_expiry(obj.expires_at) if obj.status == ApprovalStatus.PENDING else "—"
 
     @admin.display(description="run")
     def run_link(self, obj):
@@ -134,18 +218,23 @@ class ApprovalAdmin(PolicyScopedAdmin):
         )
 
     def get_list_display(self, request):
-        # The decide column depends on who looks at the queue.
+        # The decide column depends on who looks at the queue: the buttons, or why not.
         @admin.display(description="decide")
         def decide(obj):
-            if not self._decidable(request, obj):
-                return ""
+            if obj.status != ApprovalStatus.PENDING:
+                return format_html('<span class="desk-muted">{}</span>', "decided" if obj.decided_at else "—")
+            refusal = access.why_not_a_decider(user=request.user, approval=obj)
+            if refusal:
+                short = FOUR_EYES_SHORT if refusal.startswith("Four eyes") else refusal
+                return format_html('<span class="desk-barred" title="{}">{}</span>', refusal, short)
             return format_html(
-                '<a class="button" href="{}">Approve…</a> <a class="button" href="{}">Reject…</a>',
+                '<span class="desk-decide"><a class="button desk-approve" href="{}">Approve…</a> '
+                '<a class="button desk-reject" href="{}">Reject…</a></span>',
                 reverse("admin:approvals_app_approval_approve", args=[obj.pk]),
                 reverse("admin:approvals_app_approval_reject", args=[obj.pk]),
             )
 
-        return (*self.list_display, decide)
+        return (decide, *self.list_display)
 
 
 def _message_text(message) -> str:
@@ -167,11 +256,13 @@ AUDIT_OBJECT_ADMIN = {
 class AuditEntryAdmin(ReadOnlyAdmin):
     """Every human decision, immutable (the database refuses UPDATE and DELETE too)."""
 
-    list_display = ("created_at", "actor", "action", "object_link", "run", "change_summary", "short_note")
+    list_display = ("created_at", "actor", "action", "object_link", "change_summary", "short_note")
     list_select_related = ("actor", "run")
     list_filter = ("action", "object_type", ("actor", admin.RelatedOnlyFieldListFilter), "created_at")
     search_fields = ("=object_id", "=run__id", "actor__username", "note")
-    date_hierarchy = "created_at"
+    search_help_text = "An object's or run's id, an operator's username, or words of the note."
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
     fieldsets = (
         (None, {"fields": ("created_at", "actor", "action", "object_link", "run", "note")}),
         ("State", {"fields": ("before_pretty", "after_pretty")}),
@@ -180,12 +271,12 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="object", ordering="object_type")
     def object_link(self, obj):
-        label = f"{obj.object_type} {obj.object_id}"
+        label = f"{obj.object_type} {obj.object_id[:8]}"
         try:
             url = reverse(AUDIT_OBJECT_ADMIN[obj.object_type], args=[obj.object_id])
         except (KeyError, NoReverseMatch):
             return label
-        return format_html('<a href="{}">{}</a>', url, label)
+        return format_html('<a href="{}" title="{} {}">{}</a>', url, obj.object_type, obj.object_id, label)
 
     @admin.display(description="before → after")
     def change_summary(self, obj):
@@ -193,7 +284,7 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="note")
     def short_note(self, obj):
-        return obj.note if len(obj.note) <= 80 else obj.note[:79] + "…"
+        return obj.note if len(obj.note) <= 120 else obj.note[:119] + "…"
 
     @admin.display(description="before")
     def before_pretty(self, obj):
@@ -202,3 +293,4 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     @admin.display(description="after")
     def after_pretty(self, obj):
         return pretty_json(obj.after)
+

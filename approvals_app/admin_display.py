@@ -1,12 +1,13 @@
 """Display helpers shared by the operators' desk (approval queue, unknown calls, runs, audit):
-JSON an operator can read, and how long something has waited."""
+JSON an operator can read, how long something has waited and has left, money and cost."""
 
 import json
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 
+from django.conf import settings
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.timesince import timesince, timeuntil
 
 
 def pretty_json(value) -> str:
@@ -24,10 +25,23 @@ def compact_arguments(arguments: dict | None, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def span_text(seconds: float) -> str:
+    """A length of time an operator reads at a glance: 42 s, 4 m 12 s, 3 h 05 m, 2 d 4 h —
+    never "0 minutes"."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} m {seconds % 60:02d} s"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} m"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
 def age(since: datetime | None, now: datetime | None = None) -> str:
     if since is None:
         return "—"
-    return timesince(since, now or timezone.now())
+    return span_text(((now or timezone.now()) - since).total_seconds())
 
 
 def time_to_expiry(expires_at: datetime | None, now: datetime | None = None) -> str:
@@ -35,8 +49,54 @@ def time_to_expiry(expires_at: datetime | None, now: datetime | None = None) -> 
     if expires_at is None:
         return "—"
     if expires_at <= now:
-        return f"expired {timesince(expires_at, now)} ago"
-    return f"in {timeuntil(expires_at, now)}"
+        return f"expired {span_text((now - expires_at).total_seconds())} ago"
+    return f"in {span_text((expires_at - now).total_seconds())}"
+
+
+def countdown(expires_at: datetime | None, now: datetime | None = None) -> str:
+    """The time left, kept ticking by desk.js (data-countdown); the text is right without it."""
+    if expires_at is None:
+        return "—"
+    now = now or timezone.now()
+    soon = " desk-soon" if (expires_at - now).total_seconds() < 3600 else ""
+    return format_html('<time class="desk-countdown{}" datetime="{}" data-countdown="{}" title="{}">{}</time>', soon,
+                       expires_at.isoformat(), expires_at.isoformat(), timezone.localtime(expires_at).strftime("%d %b %H:%M:%S %Z"),
+                       time_to_expiry(expires_at, now))
+
+
+def waited(since: datetime | None, now: datetime | None = None) -> str:
+    """How long something has waited, ticking (data-since)."""
+    if since is None:
+        return "—"
+    return format_html('<time class="desk-age" datetime="{}" data-since="{}">{}</time>', since.isoformat(), since.isoformat(),
+                       age(since, now))
+
+
+def amount_of(arguments: dict | None) -> Decimal | None:
+    try:
+        return Decimal(str((arguments or {})["amount"]))
+    except (KeyError, InvalidOperation, ValueError):
+        return None
+
+
+def cost_of(tokens: int) -> float:
+    """The estimated cost of `tokens` model tokens (WARDEN_TOKEN_PRICE_PER_MILLION)."""
+    return tokens * settings.WARDEN_TOKEN_PRICE_PER_MILLION / 1_000_000
+
+
+def cost_text(tokens: int) -> str:
+    cost = cost_of(tokens)
+    return f"{cost:.4f}" if cost < 1 else f"{cost:.2f}"
+
+
+def duration_of(start: datetime | None, end: datetime | None, now: datetime | None = None) -> str:
+    if start is None:
+        return "—"
+    return span_text(((end or now or timezone.now()) - start).total_seconds()) + ("" if end else " …")
+
+
+def badge(text: str, css: str) -> str:
+    return format_html('<span class="desk-badge desk-{}">{}</span>', css, text)
 
 
 def table(headers: list[str], rows: list[tuple]) -> str:

@@ -37,7 +37,9 @@ class ApprovalOut(Schema):
     expires_at: datetime
     decided_by: str | None
     decided_at: datetime | None
-    note: str
+    note: str = Field(description="the decider's internal note (desk and audit trail): the session's customer gets \"\" "
+                                  "unless they decided it themselves")
+    customer_message: str = Field(description="what the decider chose to tell the customer; the model is told it")
     can_decide: bool = Field(description="whether the caller may decide it now")
 
     @staticmethod
@@ -47,6 +49,13 @@ class ApprovalOut(Schema):
     @staticmethod
     def resolve_decided_by(approval) -> str | None:
         return approval.decided_by.get_username() if approval.decided_by_id else None
+
+    @staticmethod
+    def resolve_note(approval, context) -> str:
+        user = context["request"].auth
+        if approval.decided_by_id == user.pk or access.reads_desk_notes(user=user, session_owner_id=approval.run.session.owner_id):
+            return approval.note
+        return ""
 
     @staticmethod
     def resolve_can_decide(approval, context) -> bool:
@@ -61,7 +70,10 @@ class ApprovalPage(Schema):
 
 class DecisionIn(BodyIn):
     decision: Literal["approve", "reject"]
-    note: StorableText = Field("", max_length=2000, description="why; shown to the model on rejection")
+    note: StorableText = Field("", max_length=2000, description="why: an internal note for the desk and the audit trail; "
+                                                                 "the customer and the model never see it")
+    customer_message: StorableText = Field("", max_length=300, description="on rejection, what the customer is told "
+                                                                           "(the model passes it on after \"An operator declined it.\")")
 
 
 def _visible_approval(request, approval_id):
@@ -99,12 +111,14 @@ def approvals_get(request, approval_id: uuid.UUID):
 )
 def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     """Recorded exactly once, whoever clicks first: a late decision gets 409 naming the
-    winner. Approval resumes the run; rejection cancels the tool call and tells the model why."""
+    winner. Approval resumes the run; rejection cancels the tool call and tells the model so, in
+    plain words and with `customer_message` — never the `note`."""
     approval = _visible_approval(request, approval_id)
     if access.why_not_a_decider(user=request.auth, approval=approval):
         raise ApiError(403, "not_permitted", "You may not decide this approval.")
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # The sweeper has not closed it yet, but its time is up: no decision can count now.
         raise ApiError(409, "expired", "This approval request has expired.")
-    approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth)
+    approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth,
+                    customer_message=payload.customer_message)
     return _visible_approval(request, approval_id)

@@ -33,7 +33,10 @@ class Approval(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The decider's internal note: the desk and the audit trail only.
     note = models.TextField(blank=True)
+    # What the decider chose to tell the customer; the model is told it and passes it on.
+    customer_message = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["requested_at"]
@@ -58,6 +61,8 @@ class Approval(models.Model):
         ]
         indexes = [
             models.Index(fields=["requested_at"], condition=Q(status="pending"), name="approval_pending_oldest"),
+            # The desk's "all" view of the queue, and the dashboard's approval waits by day.
+            models.Index(fields=["requested_at"], name="approval_requested"),
         ]
 
     def __str__(self) -> str:
@@ -82,7 +87,11 @@ class AuditEntry(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "audit entries"
-        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object")]
+        indexes = [
+            models.Index(fields=["object_type", "object_id"], name="audit_object"),
+            # The trail newest first, and the dashboard's recent decisions.
+            models.Index(fields=["-created_at", "-id"], name="audit_recent"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} {self.object_type} {self.object_id}"

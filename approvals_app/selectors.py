@@ -2,13 +2,15 @@
 waiting for a human."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime, time, timedelta
 
+from django.db import connection
 from django.db.models import Count
+from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalStatus
+from approvals_app.models import Approval, ApprovalStatus, AuditEntry
 from config.pagination import keyset_page
-from runs_app.models import Run, RunStatus, WaitReason
+from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunStatus, WaitReason
 from sessions_app import access
 from sessions_app.models import Message
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
@@ -43,17 +45,29 @@ class WaitingItem:
 class DeskOverview:
     pending_approvals: int
     unknown_calls: int
-    runs_by_status: dict[str, int]
+    runs_by_status: dict[str, int]  # active runs: all of them; ended runs: those created in the last day
     runs_by_wait_reason: dict[str, int]
     oldest_waiting: WaitingItem | None
+    since: datetime  # where the ended runs' window starts
 
 
-def desk_overview() -> DeskOverview:
-    """The numbers on the admin index: what waits for an operator, and the state of all runs."""
+# The dashboard counts ended runs over this window (active runs whatever their age): a count
+# of every run ever is a scan of the whole table, and yesterday's is what an operator acts on.
+OVERVIEW_WINDOW = timedelta(hours=24)
+
+
+def desk_overview(*, now: datetime | None = None) -> DeskOverview:
+    """The numbers on the dashboard: what waits for an operator, the active runs, and how the
+    runs of the last day ended. Each count is a range of an index."""
+    now = now or timezone.now()
+    since = now - OVERVIEW_WINDOW
     pending = Approval.objects.filter(status=ApprovalStatus.PENDING)
     unknown = ToolCall.objects.filter(status=ToolCallStatus.UNKNOWN)
     by_status = dict.fromkeys(RunStatus.values, 0)
-    by_status |= dict(Run.objects.order_by().values_list("status").annotate(n=Count("pk")))
+    by_status |= dict(Run.objects.filter(status__in=ACTIVE_STATUSES).order_by().values_list("status").annotate(n=Count("pk")))
+    by_status |= dict(
+        Run.objects.filter(status__in=TERMINAL_STATUSES, created_at__gte=since).order_by().values_list("status").annotate(n=Count("pk"))
+    )
     by_wait_reason = dict.fromkeys(WaitReason.values, 0)
     by_wait_reason |= dict(
         Run.objects.filter(status=RunStatus.WAITING).order_by().values_list("wait_reason").annotate(n=Count("pk"))
@@ -79,7 +93,97 @@ def desk_overview() -> DeskOverview:
         runs_by_status=by_status,
         runs_by_wait_reason=by_wait_reason,
         oldest_waiting=min(candidates, key=lambda item: item.since, default=None),
+        since=since,
     )
+
+
+# The dashboard's charts: hours of the last day, days of the last fortnight.
+CHART_HOURS = 24
+CHART_DAYS = 14
+CHART_UNKNOWN_CALLS = 12
+
+
+@dataclass(frozen=True)
+class DeskCharts:
+    hours: list[datetime]
+    runs_per_hour: list[dict[str, int]]  # per hour: outcome (or "active") → runs created then
+    duration_per_hour: list[dict[str, float]]  # per hour: p50, p95 seconds of the runs created then that ended
+    days: list[date]
+    approval_wait_per_day: list[dict[str, float]]  # per day: p50, p95 seconds from request to decision, n
+    tokens_per_day: list[dict[str, int]]  # per day: tokens, runs
+    unknown_calls: list[ToolCall]  # the oldest unknown calls, oldest first
+
+
+def _rows(sql: str, params: list) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def desk_charts(*, now: datetime | None = None) -> DeskCharts:
+    """What the dashboard draws: each series one aggregate over an index range of its window."""
+    now = now or timezone.now()
+    this_hour = now.replace(minute=0, second=0, microsecond=0)
+    hours = [this_hour - timedelta(hours=n) for n in range(CHART_HOURS - 1, -1, -1)]
+    today = timezone.localdate(now)
+    days = [today - timedelta(days=n) for n in range(CHART_DAYS - 1, -1, -1)]
+    day_start = timezone.make_aware(datetime.combine(days[0], time.min))
+
+    per_hour = {hour: {} for hour in hours}
+    for hour, outcome, count in _rows(
+        "SELECT date_trunc('hour', created_at), CASE WHEN status IN ('queued', 'running', 'waiting') THEN 'active' "
+        "ELSE coalesce(nullif(outcome, ''), 'none') END, count(*) FROM runs_app_run WHERE created_at >= %s GROUP BY 1, 2",
+        [hours[0]],
+    ):
+        if hour in per_hour:
+            per_hour[hour][outcome] = count
+    durations = {hour: {} for hour in hours}
+    for hour, p50, p95 in _rows(
+        "SELECT date_trunc('hour', created_at), "
+        "percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)), "
+        "percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at)) "
+        "FROM runs_app_run WHERE created_at >= %s AND finished_at IS NOT NULL GROUP BY 1",
+        [hours[0]],
+    ):
+        if hour in durations:
+            durations[hour] = {"p50": float(p50), "p95": float(p95)}
+    waits = {day: {} for day in days}
+    for day, p50, p95, count in _rows(
+        "SELECT (date_trunc('day', requested_at))::date, "
+        "percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM decided_at - requested_at)), "
+        "percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM decided_at - requested_at)), count(*) "
+        "FROM approvals_app_approval WHERE requested_at >= %s AND status IN ('approved', 'rejected') GROUP BY 1",
+        [day_start],
+    ):
+        if day in waits:
+            waits[day] = {"p50": float(p50), "p95": float(p95), "n": count}
+    tokens = {day: {"tokens": 0, "runs": 0} for day in days}
+    for day, used, count in _rows(
+        "SELECT (date_trunc('day', created_at))::date, sum(tokens_used), count(*) FROM runs_app_run "
+        "WHERE created_at >= %s GROUP BY 1",
+        [day_start],
+    ):
+        if day in tokens:
+            tokens[day] = {"tokens": int(used or 0), "runs": count}
+    unknown = list(
+        ToolCall.objects.filter(status=ToolCallStatus.UNKNOWN).select_related("run__session__owner")
+        .order_by("finished_at", "created_at")[:CHART_UNKNOWN_CALLS]
+    )
+    return DeskCharts(
+        hours=hours,
+        runs_per_hour=[per_hour[hour] for hour in hours],
+        duration_per_hour=[durations[hour] for hour in hours],
+        days=days,
+        approval_wait_per_day=[waits[day] for day in days],
+        tokens_per_day=[tokens[day] for day in days],
+        unknown_calls=unknown,
+    )
+
+
+def audit_recent(*, limit: int = 10) -> list[AuditEntry]:
+    """The latest human decisions, for the dashboard's "Recent decisions" (every surface's, not
+    only the admin's own log)."""
+    return list(AuditEntry.objects.select_related("actor").order_by("-created_at", "-id")[:limit])
 
 
 # ---------------------------------------------------------------------------

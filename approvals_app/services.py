@@ -52,15 +52,19 @@ def approval_event_payload(approval: Approval) -> dict:
         "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
         "decided_by": approval.decided_by.get_username() if approval.decided_by_id else None,
         "note": approval.note,
+        "customer_message": approval.customer_message,
     }
 
 
-def audit_record(*, actor, action: str, obj, run_id=None, before: dict, after: dict, note: str = "") -> AuditEntry:
+def audit_record(*, actor, action: str, obj=None, object_type: str = "", object_id: str = "", run_id=None,
+                 before: dict, after: dict, note: str = "") -> AuditEntry:
+    """A human decision about `obj` (or, for what is no row of ours — a fault armed in the
+    simulated gateway — about `object_type` / `object_id`)."""
     return AuditEntry.objects.create(
         actor=actor,
         action=action,
-        object_type=obj._meta.model_name,
-        object_id=str(obj.pk),
+        object_type=obj._meta.model_name if obj is not None else object_type,
+        object_id=str(obj.pk) if obj is not None else object_id,
         run_id=run_id,
         before=before,
         after=after,
@@ -74,13 +78,14 @@ def approval_create(*, run, tool_call, policy: str, expires_at) -> Approval:
 
 
 def approval_transition(
-    *, approval: Approval, to: str, decided_by, note: str, lease_token: int | None = None
+    *, approval: Approval, to: str, decided_by, note: str, lease_token: int | None = None, customer_message: str = ""
 ) -> bool:
     """Close a pending approval as `to` and log it on its run, in one transaction. False when
     someone else closed it first (nothing is written then); IllegalTransition for a move
     APPROVAL_TRANSITIONS forbids; with `lease_token`, LeaseLost when the run's lease is gone."""
     check_approval_transition(approval.status, to)
-    values: dict[str, Any] = {"status": to, "decided_at": timezone.now(), "decided_by": decided_by, "note": note}
+    values: dict[str, Any] = {"status": to, "decided_at": timezone.now(), "decided_by": decided_by, "note": note,
+                              "customer_message": customer_message}
     with transaction.atomic():
         if not Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(**values):
             return False

@@ -320,6 +320,15 @@ WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
 # see what it watches (logged out, deactivated, permission lost).
 WARDEN_CONSOLE_RECHECK_SECONDS = float(os.environ.get("WARDEN_CONSOLE_RECHECK_SECONDS", 30))
 
+# WARDEN_TOKEN_PRICE_PER_MILLION: what a million model tokens cost, in WARDEN_COST_CURRENCY; the desk
+# shows runs' cost as tokens × this price (an estimate: one price for prompt and answer); default 0.60.
+WARDEN_TOKEN_PRICE_PER_MILLION = float(os.environ.get("WARDEN_TOKEN_PRICE_PER_MILLION", 0.60))
+# WARDEN_COST_CURRENCY: the currency of that price; default USD.
+WARDEN_COST_CURRENCY = os.environ.get("WARDEN_COST_CURRENCY", "USD")
+# WARDEN_DESK_REFRESH_SECONDS: how often the desk's queues and dashboard reload themselves while
+# nobody is working on the page (0: never); default 30.
+WARDEN_DESK_REFRESH_SECONDS = _env_int("WARDEN_DESK_REFRESH_SECONDS", 30)
+
 # WARDEN_TOOL_MODULES: comma-separated dotted paths of the modules that register the deployment's
 # tools (imported at start-up); default none — in demo mode, the demo world's tools.
 WARDEN_TOOL_MODULES = [

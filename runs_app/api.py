@@ -25,7 +25,8 @@ from config.api_base import (
 from engine.actions.cancel import run_cancel_request
 from engine.actions.runs import run_retry
 from runs_app import liveness
-from runs_app.models import RunPhase, RunStatus, WaitReason
+from runs_app.events import event_payload_for_customer
+from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_detail, run_event_list, run_event_poll, run_get, run_list, run_wait_clock
 from sessions_app import access
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
@@ -62,6 +63,10 @@ class RunOut(BaseModel):
     status: RunStatus
     phase: Annotated[RunPhase | None, BeforeValidator(_blank_to_none)] = Field(description="queued/running runs only")
     wait_reason: Annotated[WaitReason | None, BeforeValidator(_blank_to_none)] = Field(description="waiting runs only")
+    outcome: Annotated[RunOutcome | None, BeforeValidator(_blank_to_none)] = Field(
+        description="ended runs: what their writes came to, beside the status (a refused refund is a `completed` run "
+                    "whose outcome is `rejected`): `applied` (a write took effect), `rejected` / `expired` (its approval), "
+                    "`not_applied` (asked for, did not happen), `none` (no write asked for); null while active")
     model_calls: int
     tokens_used: int
     cancel_requested_at: datetime | None
@@ -176,12 +181,12 @@ class CancelIn(BodyIn):
     reason: StorableText = Field("", max_length=300)
 
 
-class RetryBudgetsIn(Schema):
+class RetryBudgetsIn(BodyIn):
     max_model_calls: int | None = Field(None, ge=1, le=1000)
     max_tokens: int | None = Field(None, ge=1, le=10_000_000)
 
 
-class RetryIn(Schema):
+class RetryIn(BodyIn):
     reason: StorableText = Field("", max_length=300, description="why; kept in the audit trail")
     budgets: RetryBudgetsIn | None = Field(None, description="limits of the new run; the old run's by default")
 
@@ -195,6 +200,7 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
     out |= {
         "phase": run.phase or None,
         "wait_reason": run.wait_reason or None,
+        "outcome": run.outcome or None,
         "error_code": run.error_code or None,
         "created_by": run.created_by.get_username() if run.created_by_id else None,
         "budgets": {field: getattr(run, field) for field in (
@@ -213,7 +219,7 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
         "tool_calls": detail.tool_calls,
         "approvals": detail.approvals,
         "applied_effects": detail.applied_effects,
-        "recent_events": detail.recent_events,
+        "recent_events": _as_seen_by(detail.recent_events, _customer_view(user, run)),
     }
     return SimpleNamespace(**out)
 
@@ -225,6 +231,22 @@ def _wait_out(run) -> dict | None:
     return {"reason": run.wait_reason, "type": run.wait_type, "request_id": run.request_id, "expires_at": run.expires_at,
             "resume_target": run.resume_target, "clock": clock.clock, "ends_at": clock.ends_at,
             "deadline_paused": clock.deadline_paused}
+
+
+def _customer_view(user, run) -> str | None:
+    """The customer's username when `user` gets the customer's view of the run's events (their
+    own session: operators' notes and evidence blanked); None for an operator's full view."""
+    if access.reads_desk_notes(user=user, session_owner_id=run.session.owner_id):
+        return None
+    return run.session.owner.get_username()
+
+
+def _as_seen_by(events, customer: str | None):
+    if customer is None:
+        return events
+    return [SimpleNamespace(seq=e.seq, type=e.type, created_at=e.created_at,
+                            payload=event_payload_for_customer(e.type, e.payload, customer_username=customer))
+            for e in events]
 
 
 def _visible_run(request, run_id):
@@ -244,15 +266,18 @@ def runs_list(
     status: list[RunStatus] = Query(None, description="repeat for several"),
     phase: RunPhase | None = None,
     wait_reason: WaitReason | None = None,
+    outcome: list[RunOutcome] = Query(None, description="ended runs by outcome; repeat for several "
+                                                        "(`not_applied`, `rejected`, `expired`: the writes that did not happen)"),
     session: uuid.UUID | None = None,
     created_after: Timestamp | None = Query(None, description="inclusive, ISO 8601 (UTC if no offset)"),
     created_before: Timestamp | None = Query(None, description="exclusive"),
     cursor: str | None = Query(None, max_length=500),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ):
-    """Runs the caller may see, newest first. Filters combine; pages continue with `cursor`."""
+    """Runs the caller may see, newest first. Filters combine; pages continue with `cursor`.
+    `?outcome=not_applied&outcome=rejected&outcome=expired` finds the runs whose write did not happen."""
     items, next_cursor = run_list(
-        user=request.auth, statuses=status, phase=phase, wait_reason=wait_reason, session_id=session,
+        user=request.auth, statuses=status, phase=phase, wait_reason=wait_reason, outcomes=outcome, session_id=session,
         created_after=created_after, created_before=created_before, cursor=cursor, limit=limit,
     )
     return {"items": items, "next_cursor": next_cursor}
@@ -277,7 +302,7 @@ def runs_events(
     events = run_event_list(run_id=run.pk, after_seq=after, limit=limit)
     next_after = events[-1].seq if events else after
     return {
-        "items": events,
+        "items": _as_seen_by(events, _customer_view(request.auth, run)),
         "next_after": next_after,
         "run_status": run.status,
         "finished": run.is_terminal and next_after >= run.event_seq,
@@ -354,8 +379,9 @@ def _still_allowed(request, run_id):
 class _StreamState:
     """What the stream has sent so far; shared by the sync and async generators."""
 
-    def __init__(self, *, run_id, after: int, max_seconds: int, still_allowed=None):
+    def __init__(self, *, run_id, after: int, max_seconds: int, still_allowed=None, customer: str | None = None):
         self.run_id = run_id
+        self.customer = customer  # the customer's view of the payloads (see _customer_view)
         self.after = after
         self.deadline = time.monotonic() + max_seconds
         self.last_sent = time.monotonic()
@@ -372,7 +398,7 @@ class _StreamState:
         """Frames to send for one poll, and whether the stream ends after them."""
         if not self.allowed:
             return [SSE_ACCESS_REVOKED], True
-        frames = [_sse_event(event) for event in events]
+        frames = [_sse_event(event) for event in _as_seen_by(events, self.customer)]
         if events:
             self.after = events[-1].seq
             self.last_sent = time.monotonic()
@@ -484,7 +510,7 @@ def runs_events_stream(
     `Last-Event-ID` first. Ends when the run is terminal and all events were sent."""
     run = _visible_run(request, run_id)
     state = _StreamState(run_id=run.pk, after=last_event_id if last_event_id is not None else after, max_seconds=max_seconds,
-                         still_allowed=_still_allowed(request, run.pk))
+                         still_allowed=_still_allowed(request, run.pk), customer=_customer_view(request.auth, run))
     # Under ASGI (daphne) the body must be an async iterator, or Django would buffer the
     # whole stream before sending it; under WSGI and the test client a plain generator.
     content = _sse_async(state) if isinstance(request, ASGIRequest) else _sse_sync(state)

@@ -27,6 +27,22 @@ class RunEventType(models.TextChoices):
     RUN_RETRIED = "run_retried"
 
 
+def event_payload_for_customer(event_type: str, payload: dict, *, customer_username: str) -> dict:
+    """The payload as the session's customer sees it (sessions_app.access.reads_desk_notes): an
+    operator's note on a decision, reconciliation evidence and an operator's cancel reason
+    become `""` — the field stays, so the shape is the documented one."""
+    if event_type in (RunEventType.APPROVAL_DECIDED, RunEventType.APPROVAL_EXPIRED, RunEventType.APPROVAL_WITHDRAWN):
+        if payload.get("note") and payload.get("decided_by") != customer_username:
+            return {**payload, "note": ""}
+    elif event_type == RunEventType.TOOL_CALL:
+        if payload.get("evidence"):
+            return {**payload, "evidence": ""}
+    elif event_type == RunEventType.CANCEL_REQUESTED:
+        if payload.get("reason") and payload.get("by") not in (None, customer_username):
+            return {**payload, "reason": ""}
+    return payload
+
+
 class LiveDeltaKind(models.TextChoices):
     """Stream pieces announced on the channel layer but never stored one row per token."""
 

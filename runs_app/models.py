@@ -44,6 +44,22 @@ class WaitReason(models.TextChoices):
 DEADLINE_PAUSED_WAITS = (WaitReason.APPROVAL, WaitReason.WAITING_INPUT, WaitReason.RECONCILIATION)
 
 
+class RunOutcome(models.TextChoices):
+    """What a run's writes came to, beside the status (which measures the execution): a refund
+    politely refused is a `completed` run whose outcome is `rejected`. Set once, when the run
+    ends (engine.actions.runs.run_end); blank while the run is active."""
+
+    APPLIED = "applied", "Effects applied"
+    NOT_APPLIED = "not_applied", "Not applied"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+    NONE = "none", "No write asked for"
+
+
+# The outcomes of runs whose write did not happen: what an operator looks for after an incident.
+NOT_TAKEN_EFFECT = (RunOutcome.NOT_APPLIED, RunOutcome.REJECTED, RunOutcome.EXPIRED)
+
+
 class RunErrorCode(models.TextChoices):
     MODEL_CALL_BUDGET = "budget_model_calls", "Model call budget exhausted"
     TOKEN_BUDGET = "budget_tokens", "Token budget exhausted"
@@ -92,6 +108,12 @@ def _run_state_constraints() -> list[models.CheckConstraint]:
         ),
         models.CheckConstraint(
             condition=~Q(status=RunStatus.FAILED) | ~Q(error_code=""), name="run_failed_has_error_code"
+        ),
+        models.CheckConstraint(
+            condition=Q(outcome="") | Q(outcome__in=RunOutcome.values), name="run_outcome_valid"
+        ),
+        models.CheckConstraint(
+            condition=Q(status__in=TERMINAL_STATUSES) | Q(outcome=""), name="run_outcome_only_when_ended"
         ),
         models.CheckConstraint(condition=Q(lease_token__gte=0), name="run_lease_token_non_negative"),
         models.CheckConstraint(
@@ -159,6 +181,7 @@ class Run(models.Model):
 
     error_code = models.CharField(max_length=40, blank=True)
     error_detail = models.TextField(blank=True)
+    outcome = models.CharField(max_length=12, choices=RunOutcome.choices, blank=True)
 
     # Bumped by every checkpoint; the highest RunEvent.seq handed out (gap-free per run).
     snapshot_version = models.PositiveBigIntegerField(default=0)
@@ -186,6 +209,7 @@ class Run(models.Model):
             models.Index(fields=["-created_at", "-id"], name="run_recent"),
             models.Index(fields=["status", "-created_at", "-id"], name="run_status_recent"),
             models.Index(fields=["session", "-created_at"], name="run_session_recent"),
+            models.Index(fields=["outcome", "-created_at", "-id"], name="run_outcome_recent"),
             models.Index(fields=["lease_expires_at"], condition=Q(status=RunStatus.RUNNING), name="run_lease_due"),
             models.Index(fields=["expires_at"], condition=Q(status=RunStatus.WAITING), name="run_wait_due"),
         ]

@@ -1,22 +1,28 @@
 """Reads about runs: the filtered list, the detail with everything an integrator or operator
 needs to judge a run, and its event log — scoped to what a user may see."""
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
+
+from django.contrib.auth import get_user_model
 
 from approvals_app.models import Approval
 from config.pagination import keyset_page
 from runs_app.models import DEADLINE_PAUSED_WAITS, RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason
 from sessions_app import access
 from tools_app.models import ToolCall
-from tools_app.selectors import applied_effects
+from sessions_app.models import Session
+from tools_app.selectors import applied_effects, tool_calls_matching
 
 # The list shows the run's state, not its checkpoint: narrower rows, faster pages.
 RUN_LIST_FIELDS = (
-    "id", "session_id", "status", "phase", "wait_reason", "model_calls", "tokens_used", "cancel_requested_at",
+    "id", "session_id", "status", "phase", "wait_reason", "outcome", "model_calls", "tokens_used", "cancel_requested_at",
     "error_code", "created_at", "finished_at",
 )
 RECENT_EVENTS = 50
+# A desk search stops collecting matches here: it narrows a list, it is not an export.
+SEARCH_LIMIT = 2000
 
 
 # Which clock ends each kind of wait (SPEC §16), for the console, the desk and the API.
@@ -63,6 +69,7 @@ def run_list(
     statuses: list[str] | None = None,
     phase: str | None = None,
     wait_reason: str | None = None,
+    outcomes: list[str] | None = None,
     session_id=None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
@@ -84,6 +91,8 @@ def run_list(
         queryset = queryset.filter(phase=phase)
     if wait_reason:
         queryset = queryset.filter(wait_reason=wait_reason)
+    if outcomes:
+        queryset = queryset.filter(outcome__in=sorted(set(outcomes)))
     if session_id:
         queryset = queryset.filter(session_id=session_id)
     if created_after:
@@ -95,11 +104,13 @@ def run_list(
         order_prefix.append(access.run_session_owner())
     if wanted is not None and len(wanted) == 1:
         order_prefix.append("status")
+    elif outcomes and len(set(outcomes)) == 1 and access.reads_any_run(user):
+        order_prefix.append("outcome")  # the run_outcome_recent index yields the page in order
     return keyset_page(queryset, cursor=cursor, limit=limit, position_field="created_at", order_prefix=tuple(order_prefix))
 
 
 def run_get(*, user, run_id) -> Run | None:
-    return access.visible_runs(user=user).select_related("session", "created_by", "cancel_requested_by", "budgets_set_by").filter(pk=run_id).first()
+    return access.visible_runs(user=user).select_related("session__owner", "created_by", "cancel_requested_by", "budgets_set_by").filter(pk=run_id).first()
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,8 @@ def run_detail(*, run: Run) -> RunDetail:
         run=run,
         steps=list(Step.objects.filter(run_id=run.pk).order_by("index")),
         tool_calls=list(
-            ToolCall.objects.filter(run_id=run.pk).select_related("resolved_by", "approval", "step").order_by("step__index", "index")
+            ToolCall.objects.filter(run_id=run.pk).select_related("resolved_by", "approval", "step", "run__session")
+            .order_by("step__index", "index")
         ),
         approvals=list(
             Approval.objects.filter(run_id=run.pk).select_related("decided_by", "tool_call", "run__session").order_by("requested_at")
@@ -141,3 +153,35 @@ def run_event_poll(*, run_id, after_seq: int, limit: int) -> tuple[list[RunEvent
     events = run_event_list(run_id=run_id, after_seq=after_seq, limit=limit)
     reached = events[-1].seq if events else after_seq
     return events, status, status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED) and reached >= last_seq
+
+
+def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
+    """Runs a desk search for `term` finds, by business key: an order number or any other tool
+    argument, an idempotency key, the customer (username), the session's title, or an id (run,
+    session, tool call). Each branch is its own index look-up; the union is capped at `limit`."""
+    term = term.strip()
+    if not term or "\x00" in term:
+        return []
+    found: dict = {}
+
+    def add(ids) -> None:
+        for pk in ids:
+            if len(found) >= limit:
+                return
+            found.setdefault(pk, None)
+
+    try:
+        as_uuid = uuid.UUID(term)
+    except ValueError:
+        as_uuid = None
+    if as_uuid is not None:
+        add(Run.objects.filter(pk=as_uuid).values_list("pk", flat=True))
+        add(Run.objects.filter(session_id=as_uuid).values_list("pk", flat=True)[:limit])
+    add(tool_calls_matching(term=term).order_by().values_list("run_id", flat=True)[:limit])
+    owners = list(get_user_model().objects.filter(username__icontains=term).values_list("pk", flat=True)[:20])
+    if owners:
+        add(Run.objects.filter(access.run_session_owner_in(owners)).order_by("-created_at").values_list("pk", flat=True)[:limit])
+    sessions = Session.objects.filter(title__icontains=term).order_by().values("pk")[:limit]
+    # Unordered: ordered by time, PostgreSQL would walk every run newest first looking for these.
+    add(Run.objects.filter(session_id__in=sessions).order_by().values_list("pk", flat=True)[:limit])
+    return list(found)

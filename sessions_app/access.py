@@ -22,7 +22,7 @@ only active staff to it, and inside it asks this module like every other surface
 """
 
 from django.conf import settings
-from django.db.models import IntegerField, Q, QuerySet
+from django.db.models import BooleanField, IntegerField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.lookups import Exact
 
@@ -37,6 +37,7 @@ EXCEED_BUDGET_CAPS = "runs_app.exceed_budget_caps"
 VIEW_ANY_SESSION = "sessions_app.view_session"
 DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
 RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
+ARM_DEMO_FAULTS = "demo.change_simfault"
 
 
 def is_active(user) -> bool:
@@ -82,6 +83,14 @@ def can_post_in_session(*, user, session: Session) -> bool:
     return _owns(user, session.owner_id)
 
 
+def reads_desk_notes(*, user, session_owner_id) -> bool:
+    """Operators' notes on their decisions and the evidence of a reconciliation are for the desk
+    (and the audit trail): the session's customer gets the customer's view, which names no
+    operator's words but those meant for them (Approval.customer_message). Whoever else may see
+    the session's runs is an operator."""
+    return is_active(user) and user.pk != session_owner_id
+
+
 # --- runs --------------------------------------------------------------------------------------
 
 
@@ -94,6 +103,11 @@ def run_session_owner() -> RawSQL:
     pages filter and order by it, so they are range scans of run_owner_recent, not a walk over
     every run."""
     return RawSQL('"runs_app_run"."session_owner_id"', [], output_field=IntegerField())
+
+
+def run_session_owner_in(owner_ids: list[int]) -> Q:
+    """Runs of these users' sessions, through the copied owner column (its index)."""
+    return Q(RawSQL('"runs_app_run"."session_owner_id" = ANY(%s)', [list(owner_ids)], output_field=BooleanField()))
 
 
 def visible_runs(*, user) -> QuerySet[Run]:
@@ -243,3 +257,12 @@ def why_cannot_reconcile(*, user, tool_call: ToolCall) -> str:
 
 def can_reconcile_tool_call(*, user, tool_call: ToolCall) -> bool:
     return why_cannot_reconcile(user=user, tool_call=tool_call) == ""
+
+
+# --- the demo world ----------------------------------------------------------------------------
+
+
+def can_arm_demo_faults(*, user) -> bool:
+    """May press the desk's demo buttons that arm the simulated gateway's faults (demo mode only;
+    the desk checks settings.WARDEN_DEMO): staff with the demo app's change_simfault permission."""
+    return is_active(user) and user.is_staff and user.has_perm(ARM_DEMO_FAULTS)

@@ -1,10 +1,13 @@
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 from django.http import HttpResponse
 from django.template import engines
 from django.urls import reverse
 
-from config.admin_base import PolicyScopedAdmin, ReadOnlyAdmin, ReadOnlyInline
+from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyAdmin, ReadOnlyInline
+from runs_app.models import Run
+from runs_app.selectors import run_ids_matching
 from sessions_app import access
 from sessions_app.api_keys import api_key_create, api_key_revoke
 from sessions_app.models import ApiKey, IdempotencyRecord, Message, PendingInput, Session
@@ -34,12 +37,18 @@ class _PartOfSessionAdmin(PolicyScopedAdmin):
 
 
 @admin.register(Session)
-class SessionAdmin(PolicyScopedAdmin):
-    list_display = ("id", "title", "owner", "created_at", "updated_at")
+class SessionAdmin(BusinessKeySearch, PolicyScopedAdmin):
+    list_display = ("title", "owner", "created_at", "updated_at")
     list_select_related = ("owner",)
-    search_fields = ("=id", "title", "owner__username")
-    date_hierarchy = "created_at"
+    search_help_text = "Title, customer, an order number or any tool argument of its runs, an idempotency key, or an id."
+    show_full_result_count = False
     inlines = [MessageInline, PendingInputInline]
+
+    def search_business_keys(self, queryset, term):
+        # run_ids_matching covers titles, customers and ids too, through the session's runs;
+        # a session without runs is found by its title or owner here.
+        runs = Run.objects.filter(pk__in=run_ids_matching(term=term)).values("session_id")
+        return queryset.filter(Q(pk__in=runs) | Q(title__icontains=term) | Q(owner__username__icontains=term))
 
     def visible(self, user):
         return access.visible_sessions(user=user)
@@ -53,7 +62,10 @@ class MessageAdmin(_PartOfSessionAdmin):
     list_display = ("id", "session", "seq", "role", "short_content", "run", "created_at")
     list_select_related = ("session", "run")
     list_filter = ("role",)
-    search_fields = ("=session__id", "=run__id", "content")
+    search_fields = ("=session__id", "=run__id")
+    ordering = ("-id",)  # newest first, by the primary key (the model's order joins every session)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
 
     @admin.display(description="content")
     def short_content(self, obj):
@@ -66,6 +78,7 @@ class PendingInputAdmin(_PartOfSessionAdmin):
     list_select_related = ("session",)
     list_filter = ("mode", "disposition")
     search_fields = ("=session__id",)
+    ordering = ("-id",)
 
 
 # The page shown once after an API key is created: the only time its secret is ever visible.

@@ -6,16 +6,19 @@ import json
 import uuid
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from approvals_app.admin_display import compact_arguments, pretty_json
+from approvals_app.services import audit_record
 from engine.actions.reconciliation import ReconcileError, tool_call_reconcile_auto, tool_call_resolve
 from sessions_app import access
+from tools_app.demo.client import FAULT_PRESETS, SimUnavailable, sim_fault_arm, sim_faults_clear
 from tools_app.models import Resolution, ToolCall
 
 
@@ -193,3 +196,40 @@ def query_downstream(request, call: ToolCall) -> str:
             "record the outcome with evidence.",
         )
     return outcome
+
+
+def demo_faults_view(request):
+    """POST only, demo mode only: arm one of the simulated gateway's fault presets (or clear them
+    all) by calling the service over HTTP, as the demo tools reach it. Audited."""
+    if not settings.WARDEN_DEMO:
+        raise Http404("The demo controls exist in demo mode only.")
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if not access.can_arm_demo_faults(user=request.user):
+        raise PermissionDenied
+    preset = request.POST.get("preset", "")
+    back = HttpResponseRedirect(reverse("admin:index") + "#desk-demo")
+    if preset != "clear" and preset not in FAULT_PRESETS:
+        messages.error(request, f"No such demo fault: {preset!r}.")
+        return back
+    try:
+        if preset == "clear":
+            cleared = sim_faults_clear()
+            armed = []
+        else:
+            armed = sim_fault_arm(preset=preset)
+    except SimUnavailable as error:
+        messages.error(request, f"Nothing armed: {error}.")
+        return back
+    fault = FAULT_PRESETS.get(preset, {}).get("fault", {})
+    audit_record(actor=request.user, action="demo_fault_clear" if preset == "clear" else "demo_fault_arm",
+                 object_type="simfault", object_id=fault.get("target", "all"), before={},
+                 after={"preset": preset, **fault} if fault else {"cleared": cleared})
+    if preset == "clear":
+        messages.success(request, f"Demo faults cleared ({cleared}). The simulated gateway behaves normally.")
+    else:
+        now_armed = ", ".join(f"{f['target']}: {f['mode'].replace('_', ' ')}"
+                              f" ({'until cleared' if f['remaining'] == -1 else str(f['remaining']) + ' left'})" for f in armed)
+        messages.success(request, f"Armed: {FAULT_PRESETS[preset]['label']}. {FAULT_PRESETS[preset]['help']} "
+                                  f"Armed now — {now_armed or 'nothing'}.")
+    return back

@@ -13,6 +13,7 @@ from config.api_base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_S
 from tools_app.models import Resolution, ToolCallStatus, ToolEffect
 from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
 from sessions_app import access
+from tools_app.outcomes import tool_call_customer_text
 from tools_app.selectors import tool_call_get, tool_call_list
 
 router = Router(tags=["tool calls"])
@@ -42,7 +43,8 @@ class ToolCallOut(Schema):
     resolution: Resolution | None
     resolved_by: str | None = Field(description="the operator; null when reconciled automatically or unresolved")
     resolved_at: datetime | None
-    evidence: str
+    evidence: str = Field(description="what showed an unknown call's outcome; for the desk: the session's customer gets \"\"")
+    message: str = Field(description="where the call stands in plain words, for the customer")
 
     @staticmethod
     def resolve_approval_id(call) -> uuid.UUID | None:
@@ -58,6 +60,19 @@ class ToolCallOut(Schema):
     @staticmethod
     def resolve_resolved_by(call) -> str | None:
         return call.resolved_by.get_username() if call.resolved_by_id else None
+
+    @staticmethod
+    def resolve_evidence(call, context) -> str:
+        if not call.evidence:
+            return ""
+        # Every selector that pages tool calls loads run__session with them.
+        owner_id = call.run.session.owner_id
+        return call.evidence if access.reads_desk_notes(user=context["request"].auth, session_owner_id=owner_id) else ""
+
+    @staticmethod
+    def resolve_message(call) -> str:
+        return tool_call_customer_text(tool_name=call.tool_name, effect=call.effect, status=call.status,
+                                       error_code=call.error_code, error_detail=call.error_detail)
 
 
 class ToolCallPage(Schema):

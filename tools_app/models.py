@@ -1,6 +1,7 @@
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -104,6 +105,10 @@ class ToolCall(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "created_at"], name="tool_call_status_recent"),
+            # The desk's search by business key: any argument's value (jsonb_ops answers `@?`).
+            GinIndex(fields=["arguments"], name="tool_call_arguments_search"),
+            # The desk's list of tool calls, newest first.
+            models.Index(fields=["-created_at", "-id"], name="tool_call_recent"),
         ]
 
     def __str__(self) -> str:

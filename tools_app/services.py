@@ -12,6 +12,7 @@ from runs_app.events import RunEventType
 from runs_app.services import lease_fenced_update, require_transaction, run_write
 from sessions_app.models import Message, MessageRole
 from tools_app.models import FINAL_TOOL_CALL_STATUSES, ToolCall, ToolCallStatus
+from tools_app.outcomes import tool_call_customer_text
 from tools_app.transitions import check_tool_call_transition
 
 
@@ -26,6 +27,10 @@ def tool_call_event_payload(tool_call: ToolCall) -> dict:
         "arguments": tool_call.arguments,
         "result": tool_call.result,
         "error_code": tool_call.error_code,
+        # Where the call stands in plain words: what the console shows the customer.
+        "message": tool_call_customer_text(tool_name=tool_call.tool_name, effect=tool_call.effect,
+                                           status=tool_call.status, error_code=tool_call.error_code,
+                                           error_detail=tool_call.error_detail),
     }
 
 
@@ -72,10 +77,16 @@ def _tool_call_update(tool_call: ToolCall, values: dict[str, Any], *, lease_toke
     return True
 
 
-def tool_message_content(*, status: str, result: Any, error_code: str, error_detail: str) -> str:
+def tool_message_content(*, status: str, result: Any, error_code: str, error_detail: str, message: str = "") -> str:
+    """What the model is told. It talks to the customer, so a failure carries `message`, the
+    plain-language sentence (tools_app.outcomes) it may pass on; `detail` never holds an
+    operator's note or reconciliation evidence (engine/actions keep those on the desk)."""
     if status == ToolCallStatus.SUCCEEDED:
         return json.dumps(result, default=str)
-    return json.dumps({"error": {"code": error_code or status, "detail": error_detail}})
+    error = {"code": error_code or status, "detail": error_detail}
+    if message:
+        error["message"] = message
+    return json.dumps({"error": error})
 
 
 def tool_call_message(tool_call: ToolCall) -> Message:
@@ -89,5 +100,8 @@ def tool_call_message(tool_call: ToolCall) -> Message:
         content=tool_message_content(
             status=tool_call.status, result=tool_call.result, error_code=tool_call.error_code,
             error_detail=tool_call.error_detail,
+            message=tool_call_customer_text(tool_name=tool_call.tool_name, effect=tool_call.effect,
+                                            status=tool_call.status, error_code=tool_call.error_code,
+                                            error_detail=tool_call.error_detail),
         ),
     )

@@ -8,8 +8,9 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.timesince import timesince, timeuntil
 
-from approvals_app.models import Approval, ApprovalStatus
+from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
 from approvals_app.services import (
     ApprovalAlreadyDecided,
     ApprovalError,
@@ -27,6 +28,7 @@ from runs_app.services import run_transition, run_write
 from sessions_app import access
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, code_text, decision_text
 from tools_app.services import tool_call_message, tool_call_transition
 
 
@@ -52,13 +54,17 @@ def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token:
     return approval
 
 
-def approval_decide(*, approval: Approval, decision: str, note: str = "", acting_user) -> Approval:
+def approval_decide(*, approval: Approval, decision: str, note: str = "", acting_user, customer_message: str = "") -> Approval:
     """Approve or reject. Exactly one decision is recorded even when many people click at once
     (a conditional UPDATE on `pending`); the others get ApprovalAlreadyDecided naming the winner.
     Audited. Approval resumes the same run; rejection cancels the tool call and tells the model
-    why."""
+    so — in plain words, with `customer_message` if the decider gave one; the `note` is the
+    decider's own, for the desk and the audit trail, and the model never sees it."""
     if decision not in ("approve", "reject"):
         raise ApprovalError(f"decision must be 'approve' or 'reject', not {decision!r}")
+    customer_message = " ".join((customer_message or "").split())
+    if len(customer_message) > CUSTOMER_MESSAGE_CHARS:
+        raise ApprovalError(f"The message for the customer may hold at most {CUSTOMER_MESSAGE_CHARS} characters.")
     approval = Approval.objects.select_related("run__session", "tool_call").get(pk=approval.pk)
     refusal = access.why_not_a_decider(user=acting_user, approval=approval)
     if refusal:
@@ -67,20 +73,22 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         # Past its expiry a request can no longer be approved, even if the sweeper has not
         # closed it yet: close it now and say so.
         approval_expire(approval=approval)
-        raise ApprovalExpired(f"This request expired at {approval.expires_at.isoformat()}.")
+        raise ApprovalExpired(f"This request expired at {_clock(approval.expires_at)} ({_ago(approval.expires_at)}); "
+                              "it can no longer be decided.")
     to = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
     with transaction.atomic():
         session_lock(session_id=approval.run.session_id)  # before the run's row: see session_lock
         if approval.status != ApprovalStatus.PENDING or not approval_transition(
-            approval=approval, to=to, decided_by=acting_user, note=note
+            approval=approval, to=to, decided_by=acting_user, note=note, customer_message=customer_message,
         ):
             current = Approval.objects.select_related("decided_by").get(pk=approval.pk)
-            who = current.decided_by.get_username() if current.decided_by_id else "the clock (expired)"
-            when = current.decided_at.isoformat() if current.decided_at else "?"
-            raise ApprovalAlreadyDecided(f"Already {current.status} by {who} at {when}.")
+            who = current.decided_by.get_username() if current.decided_by_id else "nobody (the clock)"
+            when = f" at {_clock(current.decided_at)} ({_ago(current.decided_at)})" if current.decided_at else ""
+            raise ApprovalAlreadyDecided(f"Already {current.status} by {who}{when}.")
+        after = {"status": to} | ({"customer_message": customer_message} if customer_message else {})
         audit_record(
             actor=acting_user, action=decision, obj=approval, run_id=approval.run_id,
-            before={"status": ApprovalStatus.PENDING}, after={"status": to}, note=note,
+            before={"status": ApprovalStatus.PENDING}, after=after, note=note,
         )
         if to == ApprovalStatus.REJECTED:
             tool_call_close_for_decision(approval=approval)
@@ -120,16 +128,36 @@ def approval_expiry_warn(*, approval: Approval) -> bool:
     return True
 
 
+def _clock(moment) -> str:
+    return timezone.localtime(moment).strftime("%H:%M:%S %Z, %d %b %Y")
+
+
+def _ago(moment) -> str:
+    """'just now', '42 seconds ago', '3 minutes ago' — never "0 minutes"."""
+    seconds = (timezone.now() - moment).total_seconds()
+    if abs(seconds) < 5:
+        return "just now"
+    if abs(seconds) < 60:
+        return f"{int(abs(seconds))} seconds {'ago' if seconds > 0 else 'from now'}"
+    text = f"{timesince(moment)} ago" if seconds > 0 else f"in {timeuntil(moment)}"
+    return text.replace("\xa0", " ")  # plain text (API messages), not HTML
+
+
 def tool_call_close_for_decision(*, approval: Approval, lease_token: int | None = None) -> None:
     """Rejected, expired or withdrawn: the tool call is cancelled and a tool message tells the
-    model why, so the history never holds a dangling tool call."""
+    model why, so the history never holds a dangling tool call. What it says is for the customer
+    (tools_app.outcomes): who declined in general terms and the decider's message to them, never
+    the decider's note."""
     call = ToolCall.objects.get(pk=approval.tool_call_id)
     if call.status != ToolCallStatus.PENDING:
         return
     reason = {ApprovalStatus.REJECTED: "approval_rejected", ApprovalStatus.WITHDRAWN: "approval_withdrawn"}.get(
         approval.status, "approval_expired")
-    detail = approval.note or {"approval_expired": "the approval request expired", "approval_rejected": "rejected"}.get(
-        reason, "the request was withdrawn")
+    if approval.status == ApprovalStatus.REJECTED:
+        detail = decision_text(rejected_by_customer=approval.policy == ApprovalPolicy.USER,
+                               customer_message=approval.customer_message)
+    else:
+        detail = code_text(tool_name=call.tool_name, error_code=reason)
     with transaction.atomic():
         session_id = _session_of(approval)
         session_lock(session_id=session_id)  # before the run's row (the announcement writes it): see session_lock

@@ -16,6 +16,7 @@ from runs_app.services import run_write
 from sessions_app import access
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
+from tools_app.outcomes import code_text
 from tools_app.registry import ToolContext, tool_get
 from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
 
@@ -129,7 +130,8 @@ def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acti
         "finished_at": tool_call.finished_at or now,
         "result": result if applied else None,
         "error_code": "" if applied else "not_applied",
-        "error_detail": "" if applied else f"reconciled: not applied ({evidence.strip()[:200]})",
+        # What the model is told: plain words. The evidence stays on the call, the desk and the audit trail.
+        "error_detail": "" if applied else code_text(tool_name=tool_call.tool_name, error_code="not_applied"),
     }
     with transaction.atomic():
         session_id = Run.objects.values_list("session_id", flat=True).get(pk=tool_call.run_id)

@@ -16,7 +16,7 @@ from runs_app.services import run_create, run_transition, run_write, step_transi
 from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
-from tools_app.selectors import applied_effects, writes_in_doubt
+from tools_app.selectors import applied_effects, run_outcome, writes_in_doubt
 from tools_app.services import tool_call_message, tool_call_transition
 
 
@@ -125,7 +125,8 @@ def run_end(
     at this moment either sees the run ended or is seen here), everything that will never start
     closed (a failed or cancelled run), the terminal transition with the writes that took
     effect, and the next run started from pending input. False when the run had already moved
-    on (someone else ended it, or the lease is gone without `lease_token`)."""
+    on (someone else ended it, or the lease is gone without `lease_token`). The run's outcome
+    (tools_app.selectors.run_outcome) is stored with the terminal status and told in its event."""
     if to not in TERMINAL_STATUSES:
         raise ValueError(f"run_end ends runs; {to!r} is not a terminal status")
     values: dict[str, Any] = dict(changes or {})
@@ -141,6 +142,8 @@ def run_end(
             values |= {"error_code": error_code, "error_detail": error_detail[:2000]}
         if to == RunStatus.CANCELLED:
             payload["reason"] = run.cancel_reason
+        # Beside the status, what the run's writes came to (a refused refund is `completed`).
+        values["outcome"] = payload["outcome"] = run_outcome(run_id=run.id)
         ended = run_transition(run=run, to=to, lease_token=lease_token, event_payload=payload,
                                events_before=events_before, **values)
         if ended:

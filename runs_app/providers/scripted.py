@@ -368,8 +368,10 @@ def _city(text: str) -> str:
 
 
 def _error_text(error: dict) -> str:
-    code, detail = error.get("code", "error"), error.get("detail")
-    return f"{code} ({detail})" if detail else str(code)
+    """The customer reads this: the tool message's plain-language `message` (tools_app.outcomes),
+    never a raw code. Without one (an older or foreign tool), a general sentence."""
+    message = str(error.get("message") or "").strip() or "something went wrong on the other side."
+    return message[:1].lower() + message[1:] if not message[:2].isupper() else message
 
 
 # --- planners ------------------------------------------------------------------------------
@@ -396,7 +398,10 @@ def _plan_refund(current: _Request) -> Plan:
     if not lookups:
         return Plan(calls=(PlannedCall("query_order", {"order_id": order_id}),))
     if lookups[-1].error:
-        return Plan(text=f"I could not look up order {order_id}: {_error_text(lookups[-1].error)}.")
+        return Plan(text=f"I could not look up order {order_id}: {_error_text(lookups[-1].error)}")
+    if order.get("refunded"):
+        # The order says it was refunded already: asking for a second refund would only be refused.
+        return Plan(text=f"Order {order_id} has already been refunded, so there is nothing more to refund.")
     if order.get("refund_eligible"):
         arguments = {"order_id": order_id, "amount": order.get("amount"), "reason": "customer request"}
         return Plan(calls=(PlannedCall("execute_refund", arguments),))
@@ -405,16 +410,14 @@ def _plan_refund(current: _Request) -> Plan:
 
 
 def _refund_outcome_text(order_id: str, refund: _ToolResult, order: dict) -> str:
-    if refund.error or "refund_id" not in refund.payload:
-        error = refund.error or {"code": "unexpected_result", "detail": json.dumps(refund.payload)}
-        return f"The refund for order {order_id} was not made: {_error_text(error)}."
+    if refund.error:
+        return f"I'm sorry, the refund for order {order_id} was not made: {_error_text(refund.error)}"
     amount = refund.payload.get("amount", refund.arguments.get("amount", order.get("amount")))
     currency = refund.payload.get("currency", order.get("currency", ""))
     money = f"{amount} {currency}".strip()
-    return (
-        f"Done: the refund of {money} for order {order_id} has been issued "
-        f"(refund id {refund.payload['refund_id']})."
-    )
+    # A refund an operator confirmed by hand may come without the gateway's answer: it is done all the same.
+    reference = f" (refund id {refund.payload['refund_id']})" if "refund_id" in refund.payload else ""
+    return f"Done: the refund of {money} for order {order_id} has been issued{reference}."
 
 
 def _plan_order_status(current: _Request) -> Plan:
@@ -425,7 +428,7 @@ def _plan_order_status(current: _Request) -> Plan:
     if not lookups:
         return Plan(calls=(PlannedCall("query_order", {"order_id": order_id}),))
     if lookups[-1].error:
-        return Plan(text=f"I could not look up order {order_id}: {_error_text(lookups[-1].error)}.")
+        return Plan(text=f"I could not look up order {order_id}: {_error_text(lookups[-1].error)}")
     order = lookups[-1].payload
     money = f"{order.get('amount', '?')} {order.get('currency', '')}".strip()
     return Plan(text=f"Order {order_id} is {order.get('status', 'unknown')}, amount {money}.")
@@ -438,7 +441,7 @@ def _plan_user_level(current: _Request) -> Plan:
     if not lookups:
         return Plan(calls=(PlannedCall("query_user_level", {"user_id": user_id}),))
     if lookups[-1].error:
-        return Plan(text=f"I could not look up the level of {user_id}: {_error_text(lookups[-1].error)}.")
+        return Plan(text=f"I could not look up the level of {user_id}: {_error_text(lookups[-1].error)}")
     result = lookups[-1].payload
     who = "Your" if user_id == "me" else f"User {result.get('user_id', user_id)}'s"
     return Plan(text=f"{who} level is {result.get('level', 'unknown')}.")
@@ -450,7 +453,7 @@ def _plan_weather(current: _Request) -> Plan:
     if not lookups:
         return Plan(calls=(PlannedCall("get_weather", {"city": city}),))
     if lookups[-1].error:
-        return Plan(text=f"I could not get the weather in {city}: {_error_text(lookups[-1].error)}.")
+        return Plan(text=f"I could not get the weather in {city}: {_error_text(lookups[-1].error)}")
     weather = lookups[-1].payload
     return Plan(text=f"The weather in {city} is {weather.get('summary')}, {weather.get('temperature_c')}°C.")
 

@@ -38,7 +38,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from runs_app import liveness
-from runs_app.events import LiveDeltaKind, RunEventType
+from runs_app.events import LiveDeltaKind, RunEventType, event_payload_for_customer
 from runs_app.live import session_group
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepKind, StepStatus
 from sessions_app import access
@@ -121,6 +121,9 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         self.sessions: set[str] = set()
         self.last_seq: dict[str, int] = {}  # per run: the highest seq this client has been sent
         self.run_sessions: dict[str, str | None] = {}
+        # Per watched session: the customer's username when this user gets the customer's view
+        # (operators' notes and evidence blanked, sessions_app.access.reads_desk_notes), else None.
+        self.customer_view: dict[str, str | None] = {}
         # Per (run, step): how far the text this client was sent reaches. A doorbell delivered
         # twice (channels_postgres 1.1 can run two listeners in one process) is dropped here.
         self.text_sent: dict[tuple[str, int], int] = {}
@@ -216,6 +219,8 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         after = _parse_after(content.get("after"))
         session = await database_sync_to_async(console_session_get)(user=self.user, session_id=content.get("session"))
         session_id = str(session.pk)
+        desk_view = access.reads_desk_notes(user=self.user, session_owner_id=session.owner_id)
+        self.customer_view[session_id] = None if desk_view else session.owner.get_username()
         if not await database_sync_to_async(access.can_see_runs_of)(user=self.user, session=session):
             # The session, not its runs (sessions_app.view_session without run access): nothing to stream.
             await self.send_json({"type": "subscribed", "session": session_id, "ref": content.get("ref"), "runs": {}})
@@ -284,6 +289,10 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
             if event["type"] in (RunEventType.STEP_COMPLETED, RunEventType.STEP_DISCARDED):
                 # The event carries (or voids) the final text: no delta of that step is news now.
                 self.text_sent[(run_id, event["payload"].get("step"))] = STEP_CLOSED
+        customer = self.customer_view.get(self.run_sessions.get(run_id))
+        if customer is not None:
+            events = [{**event, "payload": event_payload_for_customer(event["type"], event["payload"], customer_username=customer)}
+                      for event in events]
         message = {"type": "events", "session": self.run_sessions.get(run_id), "run_id": run_id, "events": events}
         if catchup:
             message["catchup"] = True

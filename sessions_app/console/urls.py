@@ -9,6 +9,7 @@ urlpatterns = [
     path("login/", views.ConsoleLoginView.as_view(), name="login"),
     path("logout/", views.ConsoleLogoutView.as_view(), name="logout"),
     path("sessions/new/", views.console_session_new, name="session_new"),
+    path("sessions/states/", views.console_session_states, name="session_states"),
     path("sessions/<uuid:session_id>/", views.console_session, name="session"),
     path("sessions/<uuid:session_id>/messages/", views.console_message_post_view, name="message_post"),
     path("runs/<uuid:run_id>/", views.console_run, name="run"),

@@ -12,7 +12,7 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import SuspiciousFileOperation
 from django.db.models import OuterRef, Subquery
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
@@ -78,9 +78,13 @@ def login_locked_out(request, original_response=None, credentials=None):
     return response
 
 
+# The sidebar lists this many of the user's most recent sessions.
+SIDEBAR_SESSIONS = 50
+
+
 def _session_list(user):
     active_status = Run.objects.filter(session=OuterRef("pk"), status__in=ACTIVE_STATUSES).values("status")[:1]
-    return list(Session.objects.filter(owner_id=user.pk).annotate(active_status=Subquery(active_status))[:50])
+    return list(Session.objects.filter(owner_id=user.pk).annotate(active_status=Subquery(active_status))[:SIDEBAR_SESSIONS])
 
 
 def _page_context(request, *, session: Session | None) -> dict:
@@ -133,6 +137,8 @@ def console_session(request, session_id):
             "username": viewer.get_username(),
             "is_owner": is_owner,
             "is_staff": bool(viewer.is_staff),
+            # An operator watching sees decisions' notes; the customer sees the customer's view.
+            "desk_view": access.reads_desk_notes(user=viewer, session_owner_id=session.owner_id),
             "admin_approvals_url": reverse("admin:approvals_app_approval_changelist") if viewer.is_staff else "",
         },
     }
@@ -167,6 +173,26 @@ def console_run(request, run_id):
         "is_owner": access.can_post_in_session(user=request.user, session=run.session),
         "admin_approvals_url": reverse("admin:approvals_app_approval_changelist") if request.user.is_staff else "",
     })
+
+
+@require_GET
+@login_required(login_url=LOGIN_URL)
+def console_session_states(request):
+    """The sidebar's badges: each listed session's active run status (null when idle). console.js
+    asks now and then; the session on screen is kept live by its socket."""
+    states = {str(item.pk): item.active_status for item in _session_list(request.user)}
+    response = JsonResponse({"sessions": states})
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_GET
+def console_favicon(request):
+    """/favicon.ico, asked for by every browser on every page: the console's icon (SVG)."""
+    response = serve(request, "favicon.svg", document_root=ASSETS_DIR)
+    response["Content-Type"] = "image/svg+xml"
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 def _flash_error(request, error: ConsoleError) -> None:

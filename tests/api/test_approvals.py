@@ -1,6 +1,7 @@
 """Approvals: the caller's queue (what they may decide) and the decision, recorded exactly once
 by an authorized person through approval_decide (SPEC §7)."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -133,3 +134,28 @@ def test_approval_detail_carries_the_tool_call(world, alice_api):
     assert body["tool_call"]["arguments"] == {"order_id": "9527", "amount": "10.00"}
     assert body["policy"] == ApprovalPolicy.USER and body["run_id"] == str(world.approval_run.pk)
     assert body["session_id"] == str(world.approval_run.session_id)
+
+
+def test_the_customer_sees_the_message_meant_for_them_never_the_operators_note(world, alice_api, operator_api):
+    response = operator_api.post(f"/approvals/{world.operator_approval.pk}/decision", {
+        "decision": "reject", "note": "suspected fraud ring, ticket 77", "customer_message": "Please call our support line.",
+    })
+    assert response.status_code == 200
+    assert (response.json()["note"], response.json()["customer_message"]) == (
+        "suspected fraud ring, ticket 77", "Please call our support line.")  # the operator's own view
+    as_customer = alice_api.get(f"/approvals/{world.operator_approval.pk}").json()
+    assert (as_customer["note"], as_customer["customer_message"]) == ("", "Please call our support line.")
+    events = alice_api.get(f"/runs/{world.operator_run.pk}/events").json()["items"]
+    decided = next(e for e in events if e["type"] == "approval_decided")
+    assert decided["payload"]["note"] == "" and decided["payload"]["customer_message"] == "Please call our support line."
+    detail = alice_api.get(f"/runs/{world.operator_run.pk}").json()
+    assert "ticket 77" not in json.dumps(detail) and "ticket 77" not in json.dumps(events)
+    operator_events = operator_api.get(f"/runs/{world.operator_run.pk}/events").json()["items"]
+    assert any(e["payload"].get("note") == "suspected fraud ring, ticket 77" for e in operator_events)
+
+
+def test_a_message_for_the_customer_is_bounded(world, operator_api):
+    response = operator_api.post(f"/approvals/{world.operator_approval.pk}/decision",
+                                 {"decision": "reject", "note": "n", "customer_message": "x" * 301})
+    assert response.status_code == 422
+    assert Approval.objects.get(pk=world.operator_approval.pk).status == ApprovalStatus.PENDING

@@ -1,6 +1,7 @@
 """Runs: the filtered, keyset-paginated list; the detail with steps, tool calls, approvals and
 applied side effects; the event log; cancellation (requested is not done, SPEC §9)."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -220,3 +221,29 @@ def test_cancel_reason_is_validated(world, alice_api):
     assert response.json()["fields"][0]["field"] == "body.reason"
     assert Run.objects.get(pk=world.approval_run.pk).cancel_requested_at is None
 
+
+
+def test_outcome_is_beside_the_status_and_filters_the_list(alice, alice_api):
+    now = timezone.now()
+
+    def ended(outcome, status=RunStatus.COMPLETED):
+        return RunFactory(session=SessionFactory(owner=alice), status=status, phase="", finished_at=now, outcome=outcome)
+
+    applied, rejected, expired, not_applied, nothing = (
+        ended("applied"), ended("rejected"), ended("expired"), ended("not_applied", RunStatus.CANCELLED), ended("none"))
+    active = RunFactory(session=SessionFactory(owner=alice))
+    items = {item["id"]: item["outcome"] for item in alice_api.get("/runs").json()["items"]}
+    assert items[str(rejected.pk)] == "rejected" and items[str(active.pk)] is None
+    assert alice_api.get(f"/runs/{applied.pk}").json()["outcome"] == "applied"
+    did_not_happen = listed(alice_api, outcome=["not_applied", "rejected", "expired"])
+    assert set(did_not_happen) == ids(rejected, expired, not_applied)
+    assert set(listed(alice_api, outcome="none")) == ids(nothing)
+    assert alice_api.get("/runs", {"outcome": "maybe"}).status_code == 422
+
+
+def test_the_schema_documents_the_outcome(alice_api):
+    schema = alice_api.get("/openapi.json").json()
+    run_out = schema["components"]["schemas"]["RunOut"]["properties"]["outcome"]
+    assert "rejected" in json.dumps(run_out) and "applied" in json.dumps(run_out)
+    parameters = {p["name"] for p in schema["paths"]["/api/v1/runs"]["get"]["parameters"]}
+    assert "outcome" in parameters

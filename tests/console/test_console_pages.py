@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from approvals_app.models import ApprovalPolicy, ApprovalStatus
@@ -14,7 +15,7 @@ from runs_app.services import run_write
 from sessions_app.models import PendingInput
 from engine.actions.messages import message_post
 from sessions_app.services import session_create
-from tests.factories import TEST_PASSWORD, ApprovalFactory, RunFactory, StepFactory, ToolCallFactory, UserFactory
+from tests.factories import TEST_PASSWORD, ApprovalFactory, RunFactory, SessionFactory, StepFactory, ToolCallFactory, UserFactory
 from tools_app.models import ToolCallStatus, ToolEffect
 
 pytestmark = pytest.mark.django_db
@@ -213,3 +214,32 @@ def test_the_console_serves_its_own_assets_with_debug_off():
         response = Client().get(f"/console/assets/{name}")
         assert response.status_code == 200
         assert b"".join(response.streaming_content)
+
+
+def test_the_root_leads_to_the_console_and_every_page_has_a_favicon():
+    anonymous = Client()
+    root = anonymous.get("/")
+    assert root.status_code == 302 and root["Location"] == reverse("console:home")
+    icon = anonymous.get("/favicon.ico")
+    assert icon.status_code == 200 and icon["Content-Type"] == "image/svg+xml" and b"<svg" in b"".join(icon.streaming_content)
+    login = anonymous.get(reverse("console:login")).content.decode()
+    assert 'rel="icon"' in login
+
+
+def test_a_wrong_password_keeps_the_username():
+    UserFactory(username="carol")
+    page = Client().post(reverse("console:login"), {"username": "carol", "password": "wrong"}).content.decode()
+    assert "didn&#x27;t match" in page or "didn't match" in page
+    assert 'name="username" value="carol"' in page
+
+
+def test_the_sidebar_badges_come_from_the_sessions_active_runs():
+    owner = UserFactory(username="erin")
+    busy, idle = SessionFactory(owner=owner, title="busy"), SessionFactory(owner=owner, title="idle")
+    RunFactory(session=busy, status=RunStatus.WAITING, phase="", wait_reason="approval")
+    SessionFactory(title="someone else's")
+    client = Client()
+    client.force_login(owner)
+    states = client.get(reverse("console:session_states")).json()["sessions"]
+    assert states == {str(busy.pk): "waiting", str(idle.pk): None}
+    assert Client().get(reverse("console:session_states")).status_code == 302  # login required

@@ -1,6 +1,8 @@
 """The approval queue in the admin (SPEC §7, §13): what an operator sees, and approving or
 rejecting over HTTP, logged in, with CSRF — only through approval_decide."""
 
+import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -38,7 +40,7 @@ def decide_over_http(client, url: str, note: str):
     return client.post(url, {"note": note, "csrfmiddlewaretoken": csrf_token_of(page)}, follow=True)
 
 
-def test_queue_lists_pending_first_then_oldest_first(operator):
+def test_queue_lists_the_pending_oldest_first_and_the_decided_a_click_away(operator):
     now = timezone.now()
     decided_oldest = ApprovalFactory()
     Approval.objects.filter(pk=decided_oldest.pk).update(
@@ -48,15 +50,29 @@ def test_queue_lists_pending_first_then_oldest_first(operator):
     older = ApprovalFactory()
     Approval.objects.filter(pk=newer.pk).update(requested_at=now - timedelta(hours=1))
     Approval.objects.filter(pk=older.pk).update(requested_at=now - timedelta(hours=2))
-    response = csrf_client(operator).get(QUEUE)
-    assert [a.pk for a in response.context["cl"].result_list] == [older.pk, newer.pk, decided_oldest.pk]
+    client = csrf_client(operator)
+    assert [a.pk for a in client.get(QUEUE).context["cl"].result_list] == [older.pk, newer.pk]
+    everything = client.get(QUEUE, {"status__exact": "all"}).context["cl"].result_list
+    assert [a.pk for a in everything] == [decided_oldest.pk, older.pk, newer.pk]
+    assert [a.pk for a in client.get(QUEUE, {"status__exact": "expired"}).context["cl"].result_list] == [decided_oldest.pk]
 
 
-def test_queue_shows_time_to_expiry_tool_arguments_and_decide_buttons(operator, pending_refund):
+def test_queue_shows_amount_order_customer_expiry_rule_and_decide_buttons(operator, pending_refund):
     body = csrf_client(operator).get(QUEUE).content.decode()
-    assert "execute_refund" in body and "order_id=9527" in body and "amount=25.00" in body
-    assert "in 59\xa0minutes" in body or "in 1\xa0hour" in body
-    assert approve_url(pending_refund.approval) in body and reject_url(pending_refund.approval) in body
+    row = body.split('id="result_list"', 1)[1]
+    assert "execute_refund" in row and "order 9527" in row and "25.00" in row and ">alice<" in row
+    assert re.search(r'data-countdown="[^"]+"[^>]*>in (59 m \d\d s|1 h 00 m)</time>', row), row  # never "in 0 minutes"
+    assert "Operator approval" in row and "four eyes" in row  # the rule that applies
+    assert approve_url(pending_refund.approval) in row and reject_url(pending_refund.approval) in row
+
+
+def test_four_eyes_shows_why_the_viewer_may_not_decide(operator):
+    own = ApprovalFactory(tool_call__step__run__session=SessionFactory(owner=operator))
+    body = csrf_client(operator).get(QUEUE).content.decode()
+    assert approve_url(own) not in body
+    assert "Four eyes: raised in your own session" in body
+    page = csrf_client(operator).get(reverse("admin:approvals_app_approval_change", args=[own.pk])).content.decode()
+    assert 'id="barred-reason"' in page and "Four eyes" in page
 
 
 def test_approval_page_shows_conversation_arguments_and_order_details(operator, pending_refund):
@@ -112,7 +128,7 @@ def test_second_decision_is_told_who_decided_first(operator, pending_refund):
     assert AuditEntry.objects.filter(object_id=str(pending_refund.approval.pk)).count() == 1
 
 
-def test_reject_needs_a_note_and_tells_the_model(operator, pending_refund):
+def test_reject_needs_a_note_and_tells_the_model_only_what_is_meant_for_the_customer(operator, pending_refund):
     client = csrf_client(operator)
     page = client.get(reject_url(pending_refund.approval))
     response = client.post(reject_url(pending_refund.approval), {"note": "", "csrfmiddlewaretoken": csrf_token_of(page)})
@@ -120,15 +136,24 @@ def test_reject_needs_a_note_and_tells_the_model(operator, pending_refund):
     pending_refund.approval.refresh_from_db()
     assert pending_refund.approval.status == ApprovalStatus.PENDING
 
-    response = decide_over_http(client, reject_url(pending_refund.approval), note="customer already compensated")
+    page = client.get(reject_url(pending_refund.approval))
+    response = client.post(reject_url(pending_refund.approval), {
+        "note": "customer already compensated, ticket 4711", "customer_message": "We have sent you a voucher instead.",
+        "csrfmiddlewaretoken": csrf_token_of(page),
+    }, follow=True)
     assert any(m.startswith("Rejected") for m in messages_of(response))
     pending_refund.approval.refresh_from_db()
     assert pending_refund.approval.status == ApprovalStatus.REJECTED
     refund = ToolCall.objects.get(pk=pending_refund.refund.pk)
     assert refund.status == ToolCallStatus.CANCELLED and refund.error_code == "approval_rejected"
     told = Message.objects.get(session=pending_refund.run.session, role=MessageRole.TOOL, tool_call_id="call_r")
-    assert "customer already compensated" in told.content
-    assert AuditEntry.objects.get(object_id=str(pending_refund.approval.pk)).action == "reject"
+    # The model — which talks to the customer — is told who declined in general terms and the
+    # message meant for the customer; the operator's note stays on the desk and in the audit trail.
+    assert "ticket 4711" not in told.content and "compensated" not in told.content
+    assert json.loads(told.content)["error"]["message"] == "An operator declined it. We have sent you a voucher instead."
+    entry = AuditEntry.objects.get(object_id=str(pending_refund.approval.pk))
+    assert entry.action == "reject" and entry.note == "customer already compensated, ticket 4711"
+    assert entry.after == {"status": "rejected", "customer_message": "We have sent you a voucher instead."}
 
 
 def test_staff_without_the_permission_sees_no_buttons_and_cannot_decide(viewer, pending_refund):
@@ -218,3 +243,41 @@ def test_the_decide_permission_alone_shows_operator_requests_not_customers_confi
     queue = client.get(QUEUE).content.decode()
     assert str(pending_refund.approval.pk)[:8] in queue and str(confirmation.pk)[:8] not in queue
     assert client.get(reverse("admin:approvals_app_approval_change", args=[confirmation.pk])).status_code == 302
+
+
+def test_bulk_reject_decides_each_request_on_its_own_and_skips_what_the_viewer_may_not_decide(operator, pending_refund):
+    own = ApprovalFactory(tool_call__step__run__session=SessionFactory(owner=operator))
+    other = ApprovalFactory()
+    client = csrf_client(operator)
+    token = csrf_token_of(client.get(QUEUE))
+    selected = [str(pending_refund.approval.pk), str(own.pk), str(other.pk)]
+    confirm = client.post(QUEUE, {"action": "reject_selected", "_selected_action": selected, "csrfmiddlewaretoken": token})
+    page = confirm.content.decode()
+    assert confirm.status_code == 200 and 'id="decide-form"' in page
+    assert "skipped: Four eyes" in page and 'value="Yes, reject 2"' in page
+    response = client.post(QUEUE, {
+        "action": "reject_selected", "_selected_action": selected, "confirm": "yes", "note": "duplicate requests",
+        "csrfmiddlewaretoken": csrf_token_of(confirm),
+    }, follow=True)
+    assert any(m.startswith("2 request(s)") for m in messages_of(response)), messages_of(response)
+    assert any("Four eyes" in m for m in messages_of(response))
+    statuses = dict(Approval.objects.filter(pk__in=selected).values_list("pk", "status"))
+    assert statuses == {pending_refund.approval.pk: "rejected", own.pk: "pending", other.pk: "rejected"}
+    assert AuditEntry.objects.filter(action="reject", actor=operator).count() == 2
+
+
+def test_bulk_decisions_need_the_decide_permission(viewer, pending_refund):
+    client = csrf_client(viewer)
+    page = client.get(QUEUE).content.decode()
+    assert "approve_selected" not in page
+    response = client.post(QUEUE, {"action": "approve_selected", "_selected_action": [str(pending_refund.approval.pk)],
+                                   "confirm": "yes", "csrfmiddlewaretoken": csrf_token_of(client.get(QUEUE))})
+    pending_refund.approval.refresh_from_db()
+    assert pending_refund.approval.status == ApprovalStatus.PENDING and response.status_code in (200, 302)
+
+
+def test_a_late_decision_says_when_it_expired_in_words(operator, pending_refund):
+    Approval.objects.filter(pk=pending_refund.approval.pk).update(expires_at=timezone.now() - timedelta(minutes=3))
+    response = decide_over_http(csrf_client(operator), approve_url(pending_refund.approval), note="late")
+    message = " ".join(messages_of(response))
+    assert "expired at" in message and "3 minutes ago" in message and "+00:00" not in message, message

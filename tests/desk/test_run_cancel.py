@@ -96,7 +96,8 @@ def test_run_page_lists_applied_side_effects(canceller, pending_refund):
         status=ToolCallStatus.SUCCEEDED, idempotency_key="execute_refund:earlier", result=booked, finished_at=timezone.now(),
     )
     body = csrf_client(canceller).get(run_page(run)).content.decode()
-    assert "Applied side effects" in body and "execute_refund:earlier" in body and "rf_0001" in body
+    summary = body.split('id="run-summary"', 1)[1].split("</section>", 1)[0]  # at the top of the page
+    assert "Applied effects" in summary and "execute_refund:earlier" in summary and "rf_0001" in summary
 
 
 def test_run_page_says_when_nothing_was_applied(canceller, pending_refund):

@@ -46,8 +46,9 @@ def downstream(monkeypatch):
 
 
 def test_queue_lists_only_unknown_calls_oldest_first(reconciler, make_unknown_refund, pending_refund):
+    """Oldest first by how long the outcome has been unknown (since the call gave up waiting)."""
     newer, older = make_unknown_refund(), make_unknown_refund()
-    ToolCall.objects.filter(pk=older.refund.pk).update(created_at=timezone.now() - timedelta(hours=3))
+    ToolCall.objects.filter(pk=older.refund.pk).update(finished_at=timezone.now() - timedelta(hours=3))
     response = csrf_client(reconciler).get(QUEUE)
     assert [c.pk for c in response.context["cl"].result_list] == [older.refund.pk, newer.refund.pk]
     assert str(pending_refund.refund.pk)[:8] not in response.content.decode()

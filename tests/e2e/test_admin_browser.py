@@ -100,7 +100,7 @@ def test_operator_approves_a_refund_in_headless_chromium_and_the_run_completes(p
             shot(page, "admin-06-approved")
 
             wait_for_page_text(page, run_page, ".field-status .readonly", "Completed")
-            expect(page.locator(".field-applied_effects_display")).to_contain_text("execute_refund")
+            expect(page.locator("#run-effects")).to_contain_text("execute_refund")
             shot(page, "admin-07-run-completed")
         finally:
             browser.close()

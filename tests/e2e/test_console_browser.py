@@ -166,7 +166,9 @@ def test_customer_watches_a_refund_that_an_operator_approves_in_the_admin(consol
     assert page.evaluate("window.__sameDocument") is True  # never reloaded
     statuses = [status for run_id, status in page.evaluate("window.__statuses") if run_id == str(run.pk)]
     assert in_order(statuses, ["waiting", "running", "completed"]), statuses
-    assert "Approved by desk-operator" in page.inner_text(f"{section} .approval")
+    # The customer learns an operator approved; the operator's name and note stay on the desk.
+    assert "Approved by an operator." in page.inner_text(f"{section} .approval")
+    assert "order 9527 checked, eligible" not in page.content() and "desk-operator" not in page.inner_text("main")
     assert page.locator(f"{section} .tool-card.status-succeeded").count() == 2
 
     answer = Message.objects.filter(run=run, role=MessageRole.ASSISTANT).exclude(content="").get()

@@ -147,28 +147,40 @@ def test_ineligible_order_gets_a_polite_explanation_and_no_refund():
     assert answer.text.startswith("I'm sorry")
 
 
-def test_rejected_refund_is_explained_with_the_error_code_and_note():
+def test_rejected_refund_is_explained_in_plain_words_without_codes():
     conversation = Conversation("refund order 9527")
     conversation.answer(conversation.turn(), ELIGIBLE_ORDER)
     refund = conversation.turn()
-    conversation.answer(refund, {"error": {"code": "approval_rejected", "detail": "customer already refunded"}})
+    conversation.answer(refund, {"error": {"code": "approval_rejected", "detail": "An operator declined it.",
+                                           "message": "An operator declined it. Please call us."}})
 
     answer = conversation.turn()
 
     assert answer.calls == []
-    assert "was not made" in answer.text
-    assert "approval_rejected" in answer.text
-    assert "customer already refunded" in answer.text
+    assert answer.text == "I'm sorry, the refund for order 9527 was not made: an operator declined it. Please call us."
+    assert "approval_rejected" not in answer.text
 
 
 def test_failed_order_lookup_is_reported_not_retried():
     conversation = Conversation("refund order 9527")
-    conversation.answer(conversation.turn(), {"error": {"code": "not_found", "detail": "no such order"}})
+    conversation.answer(conversation.turn(), {"error": {"code": "not_found", "detail": "no such order",
+                                                        "message": "There is no order with that number."}})
 
     answer = conversation.turn()
 
     assert answer.calls == []
-    assert "not_found" in answer.text and "9527" in answer.text
+    assert "9527" in answer.text and "there is no order with that number" in answer.text
+    assert "not_found" not in answer.text
+
+
+def test_an_order_already_refunded_is_not_refunded_again():
+    conversation = Conversation("Check order 9527 and refund it if it's eligible")
+    conversation.answer(conversation.turn(), {**ELIGIBLE_ORDER, "refunded": True})
+
+    answer = conversation.turn()
+
+    assert answer.calls == []
+    assert "already been refunded" in answer.text
 
 
 def test_refund_without_an_order_number_asks_the_user_and_waits():
@@ -600,3 +612,14 @@ def test_classification_is_deterministic():
     first = provider.classify_input(history=REFUND_HISTORY, text="what's the weather?")
 
     assert provider.classify_input(history=REFUND_HISTORY, text="what's the weather?") == first
+
+
+def test_a_refund_confirmed_by_an_operator_without_the_gateways_answer_is_reported_done():
+    conversation = Conversation("refund order 9527")
+    conversation.answer(conversation.turn(), ELIGIBLE_ORDER)
+    refund = conversation.turn()
+    conversation.answer(refund, None)  # reconciled as applied with no result
+
+    answer = conversation.turn()
+
+    assert answer.text == "Done: the refund of 59.00 EUR for order 9527 has been issued."

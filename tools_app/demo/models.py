@@ -76,6 +76,8 @@ class SimFaultTarget(models.TextChoices):
     ORDER = "order"
     WEATHER = "weather"
     USER_LEVEL = "user_level"
+    # Looking a refund up by idempotency key (what reconciliation asks).
+    LOOKUP = "lookup"
 
 
 class SimFaultMode(models.TextChoices):

@@ -142,6 +142,8 @@ def sim_user_level_upsert(*, user_id: str, level: str) -> tuple[SimUserLevel, bo
     return SimUserLevel.objects.update_or_create(user_id=user_id, defaults={"level": level})
 
 
+# One order per path of docs/DEMO.md, so walking one path never spoils another (a refund is
+# booked once per order): the console walk-through refunds 9527, the README's API example 9540.
 DEMO_ORDERS = [
     {"order_id": "9527", "user_id": "u1", "amount": Decimal("25.00")},
     {
@@ -152,6 +154,14 @@ DEMO_ORDERS = [
         "ineligible_reason": "delivered more than 30 days ago",
     },
     {"order_id": "9529", "user_id": "u2", "amount": Decimal("120.00"), "status": SimOrderStatus.SHIPPED},
+    {"order_id": "9530", "user_id": "u1", "amount": Decimal("60.00")},  # timeout after booking
+    {"order_id": "9531", "user_id": "u1", "amount": Decimal("35.00")},  # 503 before booking
+    {"order_id": "9532", "user_id": "u1", "amount": Decimal("48.00")},  # reconciled by a person
+    {"order_id": "9533", "user_id": "u2", "amount": Decimal("15.00")},  # rejected by the operator
+    {"order_id": "9534", "user_id": "u2", "amount": Decimal("11.00")},  # bulk approval, three at once
+    {"order_id": "9535", "user_id": "u2", "amount": Decimal("12.00")},
+    {"order_id": "9536", "user_id": "u2", "amount": Decimal("13.00")},
+    {"order_id": "9540", "user_id": "u1", "amount": Decimal("19.99")},  # the README's API example
     # Small eligible orders for load tests, one refund each.
     *({"order_id": str(n), "user_id": "u2", "amount": Decimal(n - 995)} for n in range(1001, 1011)),
 ]

@@ -27,6 +27,26 @@ from tools_app.registry import (
 
 CENT = Decimal("0.01")
 
+# What the simulated services' error codes mean to a customer (tools_app.outcomes): the console
+# shows these, and the model is told them in the tool message.
+CUSTOMER_TEXTS = {
+    "order_not_found": "There is no order with that number.",
+    "user_not_found": "There is no customer with that id.",
+    "not_eligible": "This order cannot be refunded under the refund policy.",
+    "already_refunded": "This order has already been refunded.",
+    "amount_exceeds_order": "The amount is more than the order's total.",
+    "idempotency_key_reused": "This refund does not match the one already booked for it.",
+    "not_applied": "The payment service confirmed the refund did not go through; no money moved.",
+    "gateway_unreachable": "The payment service could not be reached; nothing was done.",
+    "gateway_misconfigured": "The payment service is not set up correctly; nothing was done.",
+    "idempotency_key_missing": "The refund could not be sent safely; nothing was done.",
+    "gateway_unavailable": "The service is unavailable right now.",
+    "sim_timeout": "The order service did not answer in time.",
+    "sim_unreachable": "The order service could not be reached.",
+    "sim_misconfigured": "The order service is not set up correctly.",
+    "sim_bad_response": "The order service gave an answer we could not read.",
+}
+
 
 def _sim_url(path: str) -> str:
     return settings.WARDEN_SIM_BASE_URL.rstrip("/") + path
@@ -185,6 +205,7 @@ tool_register(
         effect=ToolEffect.READ,
         execute=query_order,
         timeout=5.0,
+        extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )
 tool_register(
@@ -195,6 +216,7 @@ tool_register(
         effect=ToolEffect.READ,
         execute=query_user_level,
         timeout=5.0,
+        extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )
 tool_register(
@@ -205,6 +227,7 @@ tool_register(
         effect=ToolEffect.READ,
         execute=get_weather,
         timeout=5.0,
+        extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )
 tool_register(
@@ -232,5 +255,6 @@ tool_register(
         timeout=2.0,
         reconcile=reconcile_refund,
         business_key=lambda args: f"refund:{args.order_id}:{args.amount}",
+        extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )

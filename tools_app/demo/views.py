@@ -17,6 +17,7 @@ from django.shortcuts import render
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
+from tools_app.demo.client import DESK_TOKEN_HEADER, desk_token_valid
 from tools_app.demo.faults import fault_before_work, fault_deliver
 from runs_app.models import WebhookEndpoint
 from runs_app.notifications import DEMO_WEBHOOK_ENDPOINT, webhook_signature_valid
@@ -166,6 +167,9 @@ async def _refund_lookup(request: HttpRequest) -> JsonResponse:
     idempotency_key = request.GET.get("idempotency_key", "").strip()
     if not idempotency_key:
         return _error(400, "idempotency_key_required", "pass ?idempotency_key=")
+    fault = await sync_to_async(sim_fault_consume)(target=SimFaultTarget.LOOKUP)
+    if (refusal := await fault_before_work(fault)) is not None:
+        return refusal
     refund = await sync_to_async(sim_refund_get_by_key)(idempotency_key=idempotency_key)
     if refund is None:
         return _error(404, "refund_not_found", "no refund booked under this key")
@@ -193,11 +197,14 @@ def _csrf_failure(request: HttpRequest) -> str | None:
 
 @csrf_exempt  # checked below, so a failure answers JSON
 def faults_view(request: HttpRequest) -> JsonResponse:
-    if not (request.user.is_authenticated and request.user.is_staff):
+    """For the desk's demo buttons, server to server (the token of tools_app.demo.client: no
+    cookie, so no CSRF to check), or for signed-in staff in a browser (CSRF checked)."""
+    from_desk = desk_token_valid(request.headers.get(DESK_TOKEN_HEADER))
+    if not from_desk and not (request.user.is_authenticated and request.user.is_staff):
         return _error(403, "staff_required", "fault injection is for signed-in staff")
     if request.method not in ("GET", "POST", "DELETE"):
         return _method_not_allowed(request, ["GET", "POST", "DELETE"])
-    if (reason := _csrf_failure(request)) is not None:
+    if not from_desk and (reason := _csrf_failure(request)) is not None:
         return _error(403, "csrf_failed", reason)
     if request.method == "DELETE":
         return JsonResponse({"cleared": sim_fault_clear()})

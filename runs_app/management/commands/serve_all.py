@@ -45,6 +45,7 @@ class Command(BaseCommand):
             f"  webhooks     {env['WARDEN_SIM_BASE_URL'].rstrip('/')}/webhooks/ (the demo receiver)\n"
             f"  operator     {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}\n"
             f"  customer     {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}\n"
+            "  walk-through docs/DEMO.md (every path of the refund scenario, from the UI)\n"
         ) if settings.WARDEN_DEMO else ""
         self.stdout.write(
             self.style.SUCCESS(

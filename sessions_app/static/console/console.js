@@ -10,11 +10,27 @@
 (function () {
   "use strict";
 
+  var TERMINAL = { completed: true, failed: true, cancelled: true };
+  // What a tool call's status is called on screen (as sessions_app/console/presenters.py says).
+  var TOOL_STATUS_LABELS = {
+    pending: "waiting", running: "in progress", succeeded: "done", failed: "failed", unknown: "checking", cancelled: "not done",
+  };
+  var announcer = document.querySelector('[data-role="announcer"]');
+  var layout = document.querySelector("[data-states-url]");
+  setUpSidebar();
+  if (layout) {
+    // The sidebar's badges of other sessions: asked for now and then; this page's own session
+    // follows its socket (setStatus).
+    setInterval(refreshSessionBadges, 15000);
+    document.addEventListener("visibilitychange", function () {
+      if (document.visibilityState === "visible") refreshSessionBadges();
+    });
+  }
+
   var configEl = document.getElementById("console-config");
   if (!configEl) return;
   var cfg = JSON.parse(configEl.textContent);
   var ZERO = "00000000-0000-0000-0000-000000000000";
-  var TERMINAL = { completed: true, failed: true, cancelled: true };
   var runsBox = document.querySelector('[data-role="runs"]');
   var composer = document.querySelector('[data-role="composer"]');
   var connEl = document.querySelector('[data-role="connection"]');
@@ -70,6 +86,46 @@
     if (!connEl) return;
     connEl.dataset.state = state;
     connEl.textContent = label;
+  }
+
+  // --- the sidebar, and what is read out -------------------------------------------------------
+
+  function announce(text) {
+    if (!announcer || !text) return;
+    announcer.textContent = "";
+    // A fresh text node each time, so the same words are announced again.
+    setTimeout(function () { announcer.textContent = text; }, 50);
+  }
+
+  function setUpSidebar() {
+    var sidebar = document.querySelector('[data-role="sidebar"]');
+    var toggle = sidebar && sidebar.querySelector('[data-role="sidebar-toggle"]');
+    if (!toggle) return;
+    toggle.addEventListener("click", function () {
+      var open = !sidebar.classList.contains("open");
+      sidebar.classList.toggle("open", open);
+      toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
+  function setSessionBadge(sessionId, status) {
+    var li = document.querySelector('[data-role="session-list"] li[data-session="' + sessionId + '"]');
+    var badge = li && li.querySelector('[data-role="session-badge"]');
+    if (!badge) return;
+    var active = status && !TERMINAL[status];
+    badge.hidden = !active;
+    badge.textContent = active ? status : "";
+    badge.className = "badge status-" + (active ? status : "idle");
+  }
+
+  function refreshSessionBadges() {
+    fetch(layout.dataset.statesUrl, { credentials: "same-origin" })
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (body) {
+        if (!body) return;
+        Object.keys(body.sessions).forEach(function (id) { setSessionBadge(id, body.sessions[id]); });
+      })
+      .catch(function () {});
   }
 
   // --- run state ----------------------------------------------------------------------------
@@ -243,6 +299,8 @@
     badge.textContent = p.status;
     badge.className = "badge status-" + p.status;
     role(section, "state").textContent = stateLabel(p);
+    setSessionBadge(cfg.session, p.status);
+    announce("Run " + p.status + (stateLabel(p) ? " " + stateLabel(p) : "") + ".");
     updateComposer();
   }
 
@@ -279,6 +337,8 @@
       if (kind === "model") {
         var text = make("div", "bubble assistant");
         text.dataset.role = "text";
+        text.setAttribute("aria-live", "polite");
+        text.setAttribute("aria-busy", "true");
         var drafts = make("div", "drafts");
         drafts.dataset.role = "drafts";
         li.append(text, drafts);
@@ -301,6 +361,7 @@
       step.text = p.text || "";
       step.textEl.textContent = step.text;
       step.final = true;
+      step.textEl.setAttribute("aria-busy", "false");
       role(step.el, "drafts").textContent = "";
       markStep(step.el, "completed");
     } else {
@@ -313,7 +374,10 @@
     if (!li) return;
     markStep(li, "discarded");
     var step = run.steps.get(p.step);
-    if (step) step.final = true;
+    if (step) {
+      step.final = true;
+      step.textEl.setAttribute("aria-busy", "false");
+    }
     var note = role(li, "discarded") || make("p", "discarded");
     note.dataset.role = "discarded";
     note.textContent = "Discarded: " + (p.reason || "");
@@ -333,12 +397,21 @@
   }
 
   function cancelRequested(run, p) {
-    role(run.el, "cancel-note").textContent = "cancel requested" + (p.by ? " by " + p.by : "") + (p.reason ? " (" + p.reason + ")" : "") + "…";
+    var by = "";
+    if (p.by && cfg.viewer.desk_view) by = " by " + p.by;
+    else if (p.by && p.by === cfg.viewer.username) by = " by you";
+    else if (p.by) by = " by an operator";
+    role(run.el, "cancel-note").textContent = "cancel requested" + by + (p.reason ? " (" + p.reason + ")" : "") + "…";
     var button = role(run.el, "cancel");
     if (button) button.disabled = true;
   }
 
   // --- tool calls and approvals ----------------------------------------------------------------
+
+  function toolLabel(name) {
+    var text = String(name || "").replace(/_/g, " ").trim();
+    return text.charAt(0).toUpperCase() + text.slice(1);
+  }
 
   function upsertToolCard(run, p) {
     var card = run.el.querySelector('[data-tool-call="' + p.tool_call + '"]');
@@ -348,16 +421,19 @@
       var container = tools.length ? tools[tools.length - 1] : role(run.el, "items");
       container.appendChild(card);
     }
+    var label = TOOL_STATUS_LABELS[p.status] || p.status;
     card.className = "tool-card status-" + p.status;
+    card.setAttribute("aria-label", toolLabel(p.tool) + ": " + label);
     var badge = role(card, "tool-status");
-    badge.textContent = p.status;
+    badge.textContent = label;
     badge.className = "badge status-" + p.status;
     role(card, "attempts").textContent = p.attempts > 1 ? p.attempts + " attempts" : "";
     role(card, "arguments").textContent = jsonText(p.arguments, true);
     var result = jsonText(p.result);
     role(card, "result").textContent = result;
     role(card, "result-box").hidden = !result;
-    role(card, "error").textContent = p.error_code || "";
+    // Plain words only (the event's `message`); codes and details are the desk's.
+    role(card, "message").textContent = p.message || "";
   }
 
   function buildToolCard(p) {
@@ -365,29 +441,51 @@
     card.dataset.toolCall = p.tool_call;
     card.dataset.callId = p.tool_call_id || "";
     var head = make("header");
-    head.append(make("span", "tool-name", p.tool), make("span", "effect effect-" + p.effect, p.effect));
+    head.append(
+      make("span", "tool-label", toolLabel(p.tool)),
+      make("code", "tool-name", p.tool),
+      make("span", "effect effect-" + p.effect, p.effect === "write" ? "changes something" : "look-up")
+    );
     var badge = make("span", "badge");
     badge.dataset.role = "tool-status";
     var attempts = make("span", "attempts");
     attempts.dataset.role = "attempts";
     head.append(badge, attempts);
+    var message = make("p", "tool-message");
+    message.dataset.role = "message";
+    var details = make("details", "tool-details");
+    details.appendChild(make("summary", null, "Details"));
     var args = make("p", "arguments", "Arguments ");
     var code = make("code");
     code.dataset.role = "arguments";
     args.appendChild(code);
-    var details = make("details");
-    details.dataset.role = "result-box";
-    details.hidden = true;
-    details.appendChild(make("summary", null, "Result"));
+    var resultBox = make("div");
+    resultBox.dataset.role = "result-box";
+    resultBox.hidden = true;
+    resultBox.appendChild(make("p", "arguments", "Result"));
     var pre = make("pre");
     pre.dataset.role = "result";
-    details.appendChild(pre);
-    var error = make("p", "tool-error");
-    error.dataset.role = "error";
+    resultBox.appendChild(pre);
+    details.append(args, resultBox);
     var approvals = make("div", "card-approvals");
     approvals.dataset.role = "card-approvals";
-    card.append(head, args, details, error, approvals);
+    card.append(head, message, details, approvals);
     return card;
+  }
+
+  /* How a decided request reads (as presenters.approval_state_text says): the customer learns who
+   * decided in general terms and the decider's message to them; an operator watching also sees
+   * who and the note. (The server sends a customer no operator's note anyway.) */
+  function approvalStateText(p) {
+    if (p.status === "expired") return "Nobody approved it in time.";
+    if (p.status === "withdrawn") return "Withdrawn: the request ended before anyone decided.";
+    var verb = { approved: "Approved", rejected: "Declined" }[p.status] || p.status;
+    var text;
+    if (cfg.viewer.desk_view) text = verb + " by " + (p.decided_by || "nobody") + (p.note ? ": " + p.note : "");
+    else if (p.decided_by && p.decided_by === cfg.viewer.username) text = verb + " by you" + (p.note ? ": " + p.note : "");
+    else text = verb + " by " + (p.policy === "operator" ? "an operator" : "the session owner");
+    text = text.replace(/\.$/, "") + ".";
+    return p.customer_message ? text + " \u201c" + p.customer_message + "\u201d" : text;
   }
 
   function upsertApproval(run, p) {
@@ -399,8 +497,8 @@
       node = make("div", "approval");
       node.dataset.approval = p.approval;
       node.dataset.policy = p.policy;
-      var ask = make("p", "approval-ask", "Approval " + (p.policy === "user" ? "by you" : "by an operator") + " needed to run ");
-      ask.appendChild(make("b", null, p.tool || (card ? card.querySelector(".tool-name").textContent : "a tool")));
+      var ask = make("p", "approval-ask", (p.policy === "user" ? "Your confirmation is" : "An operator's approval is") + " needed to ");
+      ask.appendChild(make("b", null, toolLabel(p.tool || (card ? card.querySelector(".tool-name").textContent : "run a tool")).toLowerCase()));
       ask.appendChild(document.createTextNode("."));
       var state = make("div");
       state.dataset.role = "approval-state";
@@ -408,15 +506,21 @@
       box.appendChild(node);
     }
     node.className = "approval status-" + p.status + " policy-" + p.policy;
+    var askEl = node.querySelector(".approval-ask");
+    var named = askEl.querySelector("b");
+    var what = named ? named.textContent : toolLabel(p.tool || "a tool").toLowerCase();
+    askEl.textContent = (p.policy === "user" ? "Your confirmation" : "An operator's approval") +
+      (p.status === "pending" ? " is needed" : " was asked for") + " to ";
+    askEl.append(make("b", null, what), document.createTextNode("."));
     var stateEl = role(node, "approval-state");
     stateEl.textContent = "";
     if (p.status === "pending") {
       stateEl.appendChild(pendingApprovalBody(p));
+      announce(p.policy === "user" ? "Your confirmation is needed." : "Waiting for an operator's approval.");
     } else {
-      var text = p.status.charAt(0).toUpperCase() + p.status.slice(1);
-      if (p.decided_by) text += " by " + p.decided_by;
-      if (p.note) text += ": " + p.note;
+      var text = approvalStateText(p);
       stateEl.appendChild(make("p", "decided", text));
+      announce(text);
     }
   }
 
@@ -633,6 +737,7 @@
           if (ok) {
             textarea.value = "";
             showError("");
+            textarea.focus();
           }
         }
       );

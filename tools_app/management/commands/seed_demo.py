@@ -29,6 +29,6 @@ class Command(BaseCommand):
                     f"Demo world: {len(DEMO_ORDERS)} orders ({created} new), "
                     f"{len(DEMO_USER_LEVELS)} user levels"
                     + (", refunds and faults cleared" if reset else "")
-                    + ". Try order 9527 (eligible, 25.00 USD) or 9528 (not eligible)."
+                    + ". Try order 9527 (eligible, 25.00 USD) or 9528 (not eligible); docs/DEMO.md has one order per path."
                 )
             )
