@@ -20,6 +20,7 @@ from tests.support.processes import ROOT, ProcessGroup, free_port, wait_for
 from tests.support.processes import test_database_url as database_url_of_the_tests
 from tools_app.demo.models import SimOrder, SimRefund
 from tools_app.demo.selectors import sim_refund_count
+from tools_app.registry import ASK_USER
 
 # What a process of a deployment without demo mode finds; run in a subprocess with WARDEN_DEMO
 # unset and the deployment's own settings module.
@@ -127,7 +128,7 @@ def test_a_deployment_without_demo_mode_has_no_demo_app_tools_data_or_sim_route(
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["demo_mode"] is False
     assert found["demo_app_installed"] is False and "demo" not in found["app_labels"]
-    assert found["tool_modules"] == [] and found["tools"] == []
+    assert found["tool_modules"] == [] and found["tools"] == [ASK_USER]  # only Warden's own built-in
     assert found["sim_routes"] == []
     assert "WARDEN_DEMO=1" in found["demo_setup"] and "WARDEN_DEMO=1" in found["seed_demo"]
     assert "WARDEN_DEMO=1" in found["simulator_application"]

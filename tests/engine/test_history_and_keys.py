@@ -17,7 +17,8 @@ from runs_app.models import ContextSummary, Run, RunStatus, Step, StepKind, Wait
 from sessions_app.models import Message, MessageRole, PendingInput, Session
 from sessions_app.services import messages_append, session_create
 from tests.factories import ApiKeyFactory, UserFactory
-from tests.support.processes import ROOT, test_database_url, wait_for
+from tests.support.processes import ROOT, wait_for
+from tests.support.processes import test_database_url as database_url_of_the_tests
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 WINDOW = 1500
@@ -119,7 +120,7 @@ def test_retention_archives_then_erases_idle_sessions_through_one_audited_path(p
     result = subprocess.run(
         [sys.executable, "manage.py", "erase_sessions", "--user", "forgettable", "--archive", str(archive),
          "--by", "dpo", "--reason", "erasure request #42"],
-        cwd=ROOT, env={**procs.base_env, "DATABASE_URL": test_database_url()}, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env={**procs.base_env, "DATABASE_URL": database_url_of_the_tests()}, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
 

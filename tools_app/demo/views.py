@@ -254,7 +254,9 @@ def webhook_receiver_view(request: HttpRequest):
     if request.method != "GET":
         return _method_not_allowed(request, ["GET", "POST"])
     if not (request.user.is_authenticated and request.user.is_staff):
-        return redirect_to_login(request.get_full_path())
+        # Signing in is Warden's (this server has no login page); the session cookie is the same
+        # host's, so it comes back here with it.
+        return redirect_to_login(request.build_absolute_uri(), login_url=f"{settings.WARDEN_PUBLIC_URL}/admin/login/")
     receipts = list(SimWebhookReceipt.objects.all()[:100])
     seen: dict[str, int] = {}
     for receipt in reversed(receipts):
