@@ -37,6 +37,12 @@ class Approval(models.Model):
     note = models.TextField(blank=True)
     # What the decider chose to tell the customer; the model is told it and passes it on.
     customer_message = models.CharField(max_length=300, blank=True)
+    # How many distinct operators must approve (a quorum, from the agent's rule); one rejection rejects.
+    required_approvals = models.PositiveSmallIntegerField(default=1)
+    # The agent's rule that asked for this approval (`tool[index]: condition → who`) and why it
+    # applied to these arguments; blank: the tool's own policy (no agent rule).
+    rule = models.CharField(max_length=300, blank=True)
+    rule_reason = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["requested_at"]
@@ -58,6 +64,11 @@ class Approval(models.Model):
                 condition=~Q(status=ApprovalStatus.PENDING) | Q(decided_by__isnull=True),
                 name="approval_pending_undecided",
             ),
+            # A quorum is of operators; a customer's confirmation is one person's.
+            models.CheckConstraint(
+                condition=Q(required_approvals__gte=1) & (Q(required_approvals=1) | Q(policy=ApprovalPolicy.OPERATOR)),
+                name="approval_quorum_of_operators",
+            ),
         ]
         indexes = [
             models.Index(fields=["requested_at"], condition=Q(status="pending"), name="approval_pending_oldest"),
@@ -67,6 +78,30 @@ class Approval(models.Model):
 
     def __str__(self) -> str:
         return f"Approval {self.id} ({self.status})"
+
+
+class ApprovalDecision(models.Model):
+    """One person's decision on an approval: a quorum approval is approved once
+    `required_approvals` distinct people approved it, rejected by the first rejection. Every
+    decision, a lone one too, is a row here (and an audit entry)."""
+
+    id = models.BigAutoField(primary_key=True)
+    approval = models.ForeignKey(Approval, on_delete=models.PROTECT, related_name="decisions")
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decision = models.CharField(max_length=8, choices=[("approve", "approve"), ("reject", "reject")])
+    note = models.TextField(blank=True)
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["approval", "decided_at", "id"]
+        constraints = [
+            # Distinct deciders, whatever the code does.
+            models.UniqueConstraint(fields=["approval", "decided_by"], name="approval_decision_one_per_person"),
+            models.CheckConstraint(condition=Q(decision__in=["approve", "reject"]), name="approval_decision_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.decision} by {self.decided_by_id}"
 
 
 class AuditEntry(models.Model):

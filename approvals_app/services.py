@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalStatus, AuditEntry
+from approvals_app.models import Approval, ApprovalDecision, ApprovalStatus, AuditEntry
 from approvals_app.transitions import check_approval_transition
 from runs_app.events import RunEventType
 from runs_app.services import run_write
@@ -53,7 +53,25 @@ def approval_event_payload(approval: Approval) -> dict:
         "decided_by": approval.decided_by.get_username() if approval.decided_by_id else None,
         "note": approval.note,
         "customer_message": approval.customer_message,
+        "required_approvals": approval.required_approvals,
+        "approved_by": approval_approvers(approval=approval),
+        "rule": approval.rule,
+        "rule_reason": approval.rule_reason,
     }
+
+
+def approval_approvers(*, approval: Approval) -> list[str]:
+    """Who has approved so far, in order (a quorum approval collects several)."""
+    if approval._state.adding:
+        return []
+    return list(ApprovalDecision.objects.filter(approval_id=approval.pk, decision="approve").order_by("id")
+                .values_list("decided_by__username", flat=True))
+
+
+def approval_decision_record(*, approval: Approval, decided_by, decision: str, note: str) -> ApprovalDecision:
+    """One person's decision (in the caller's transaction, which holds the session's lock): the
+    database refuses a second one by the same person."""
+    return ApprovalDecision.objects.create(approval=approval, decided_by=decided_by, decision=decision, note=note)
 
 
 def audit_record(*, actor, action: str, obj=None, object_type: str = "", object_id: str = "", run_id=None,
@@ -72,9 +90,11 @@ def audit_record(*, actor, action: str, obj=None, object_type: str = "", object_
     )
 
 
-def approval_create(*, run, tool_call, policy: str, expires_at) -> Approval:
+def approval_create(*, run, tool_call, policy: str, expires_at, required_approvals: int = 1, rule: str = "",
+                    rule_reason: str = "") -> Approval:
     """A pending request. The caller's transaction suspends the run on it."""
-    return Approval.objects.create(tool_call=tool_call, run=run, policy=policy, expires_at=expires_at)
+    return Approval.objects.create(tool_call=tool_call, run=run, policy=policy, expires_at=expires_at,
+                                   required_approvals=required_approvals, rule=rule[:300], rule_reason=rule_reason[:500])
 
 
 def approval_transition(

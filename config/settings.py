@@ -337,10 +337,17 @@ WARDEN_TOOL_MODULES = [
 if not WARDEN_DEMO and any(m == "tools_app.demo" or m.startswith("tools_app.demo.") for m in WARDEN_TOOL_MODULES):
     raise RuntimeError("WARDEN_TOOL_MODULES names the demo world's tools, which exist only in demo mode: set WARDEN_DEMO=1 or remove them.")
 # Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.
+# WARDEN_PROVIDER_CLASSES: comma-separated `name=dotted.path.Class` pairs a deployment adds (or
+# overrides) beside the built-in scripted and openai; default none.
 WARDEN_PROVIDERS = {
     "scripted": "runs_app.providers.scripted.ScriptedProvider",
     "openai": "runs_app.providers.openai.OpenAIProvider",
+    **dict(pair.split("=", 1) for pair in _env_list("WARDEN_PROVIDER_CLASSES", "") if "=" in pair),
 }
+# WARDEN_DEFAULT_AGENT: the slug of the agent a new session gets when it names none (API, console);
+# default none — in demo mode the demo agent, "refund-desk-demo" (created by `manage.py demo_setup`).
+# A session without an agent offers every registered tool, each with its own approval policy.
+WARDEN_DEFAULT_AGENT = os.environ.get("WARDEN_DEFAULT_AGENT", "refund-desk-demo" if WARDEN_DEMO else "").strip()
 # WARDEN_MODEL_PROVIDER: `scripted` (deterministic, no network; the default) or `openai`.
 WARDEN_MODEL_PROVIDER = os.environ.get("WARDEN_MODEL_PROVIDER", "scripted")
 # WARDEN_SCRIPTED_DELAY_SECONDS: pause between streamed chunks of the scripted model; default 0.02.

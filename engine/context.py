@@ -112,11 +112,15 @@ def _newest_blocks(*, session_id, after_seq: int, budget: int) -> _Newest:
         before = rows[-1].seq
 
 
-def context_build(*, session_id, provider: Provider | None = None, window_tokens: int | None = None) -> BuiltContext:
-    """The messages for the next model call. With `provider`, an older part that no longer fits
-    is summarized (once) and stored; without one (classifying input), it is left out."""
+def context_build(*, session_id, provider: Provider | None = None, window_tokens: int | None = None,
+                  instructions: str | None = None) -> BuiltContext:
+    """The messages for the next model call, after the system prompt: the run's agent version's
+    `instructions`, or Warden's own SYSTEM_PROMPT for a run without one. With `provider`, an
+    older part that no longer fits is summarized (once) and stored; without one (classifying
+    input), it is left out."""
+    system_prompt = instructions or SYSTEM_PROMPT
     window = window_tokens or settings.WARDEN_CONTEXT_TOKENS
-    budget = window - estimate_tokens(SYSTEM_PROMPT)
+    budget = window - estimate_tokens(system_prompt)
     summary = ContextSummary.objects.filter(session_id=session_id).order_by("-covers_through_seq").first()
     covered = summary.covers_through_seq if summary else 0
     summary_cost = estimate_tokens(SUMMARY_PREFIX + summary.content) if summary else 0
@@ -134,7 +138,7 @@ def context_build(*, session_id, provider: Provider | None = None, window_tokens
         summary_cost = estimate_tokens(SUMMARY_PREFIX + summary.content)
         newest = _newest_blocks(session_id=session_id, after_seq=covered, budget=budget - summary_cost)
     kept = [message for block in reversed(newest.blocks) for message in block]
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    messages = [{"role": "system", "content": system_prompt}]
     if summary is not None and covered:
         messages.append({"role": "system", "content": SUMMARY_PREFIX + summary.content})
     messages += [message_to_openai(m) for m in kept]
@@ -146,7 +150,7 @@ def context_build(*, session_id, provider: Provider | None = None, window_tokens
         "summary_through_seq": covered or None,
         "summary_made_now": made_now,
         "window_tokens": window,
-        "estimated_tokens": estimate_tokens(SYSTEM_PROMPT) + (summary_cost if covered else 0) + sum(_cost([m]) for m in kept),
+        "estimated_tokens": estimate_tokens(system_prompt) + (summary_cost if covered else 0) + sum(_cost([m]) for m in kept),
     }
     return BuiltContext(messages=messages, manifest=manifest, summary_tokens=summary_tokens)
 

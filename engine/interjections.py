@@ -7,6 +7,8 @@ from engine.context import context_build
 from runs_app.events import RunEventType
 from runs_app.models import Run
 from runs_app.providers import get_provider
+from runs_app.providers.scripted import classify_input_by_rules
+from runs_app.selectors import run_agent_version
 from runs_app.services import run_seen_by_lease_holder, run_touched_by_others, run_write
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
 from sessions_app.services import messages_append
@@ -53,9 +55,15 @@ def inputs_at_safe_point(*, run: Run, lease, before: str) -> bool:
 
 
 def _classify(*, run: Run, lease, item: PendingInput) -> str:
-    provider = get_provider(run.provider)
-    history = context_build(session_id=run.session_id).messages
-    verdict = provider.classify_input(history=history, text=item.content)
+    """By the run's model, or — when its agent version chose `keywords` — by the run-time's
+    keyword rules, with no model call."""
+    version = run_agent_version(run)
+    history = context_build(session_id=run.session_id,
+                            instructions=version.instructions if version is not None else None).messages
+    if version is not None and version.interjection_classifier == "keywords":
+        verdict = classify_input_by_rules(history=history, text=item.content)
+    else:
+        verdict = get_provider(run.provider).classify_input(history=history, text=item.content)
     mode = verdict.mode if verdict.mode in (InputMode.SUPPLEMENT, InputMode.NEW_INTENT) else InputMode.SUPPLEMENT
     with transaction.atomic():
         PendingInput.objects.filter(pk=item.pk).update(resolved_mode=mode, classification_reason=verdict.reason[:300])

@@ -24,6 +24,7 @@ from runs_app.events import RunEventType
 from runs_app.live import StepDeltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from runs_app.providers import get_provider
+from runs_app.selectors import run_agent_version, run_offered_tools
 from runs_app.providers.base import (
     Finish,
     ModelRequest,
@@ -37,7 +38,7 @@ from runs_app.services import run_transition, run_write, step_create, step_trans
 from runs_app.transitions import LeaseLost
 from sessions_app.models import Message, MessageRole
 from sessions_app.services import messages_append
-from tools_app.registry import tool_get, tool_schemas
+from tools_app.registry import ASK_USER, tool_get, tool_schemas
 
 logger = logging.getLogger("warden.engine")
 
@@ -156,12 +157,19 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
         _budget_check(run)
         step = model_step_open(run=run, lease=lease, close_tools_step=cp.tools_step)
     provider = get_provider(run.provider)
-    built = context_build(session_id=run.session_id, provider=provider)
+    version = run_agent_version(run)
+    offered = run_offered_tools(run)
+    built = context_build(session_id=run.session_id, provider=provider,
+                          instructions=version.instructions if version is not None else None)
     if built.summary_tokens:
         _charge(run=run, lease=lease, tokens=built.summary_tokens)
+    tools = tool_schemas(offered)
+    # What the model was shown, beside what it saw of the history: its agent version and tools.
+    built.manifest |= {"tools": [t["function"]["name"] for t in tools],
+                       "agent_version": version.pk if version is not None else None}
     request = ModelRequest(
         messages=built.messages,
-        tools=tool_schemas(),
+        tools=tools,
         run_id=str(run.id),
         call_index=run.model_calls - 1,
         options=run.provider_options or {},
@@ -185,7 +193,7 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
         model_step_discard(cp=cp, lease=lease, reason=f"stream aborted: {result.aborted}", step=step, result=result,
                            manifest=built.manifest)
         return None
-    problem = _validate(result)
+    problem = _validate(result, offered=offered, version=version)
     if problem:
         return _rejected(cp=cp, lease=lease, step=step, result=result, problem=problem, manifest=built.manifest,
                          limit=request.max_output_tokens)
@@ -300,8 +308,9 @@ class _CallSlots:
         return index
 
 
-def _validate(result: StreamResult) -> str:
-    """Why the output must not be acted on, or '' when it is sound (SPEC §3)."""
+def _validate(result: StreamResult, *, offered: list[str] | None = None, version=None) -> str:
+    """Why the output must not be acted on, or '' when it is sound (SPEC §3). A call of a tool the
+    run's agent version does not offer is refused like an unknown one: it is never executed."""
     if not result.finish_reason:
         return "stream ended without a finish reason (truncated)"
     if result.finish_reason == "length":
@@ -312,6 +321,8 @@ def _validate(result: StreamResult) -> str:
         tool = tool_get(call.name)
         if tool is None:
             return f"the model asked for unknown tool {call.name!r}"
+        if offered is not None and call.name not in offered and call.name != ASK_USER:
+            return f"the model asked for tool {call.name!r}, which agent {version} does not offer"
         try:
             parsed = json.loads(call.arguments_text or "{}")
         except json.JSONDecodeError as error:

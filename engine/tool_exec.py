@@ -30,6 +30,8 @@ from engine.interjections import inputs_at_safe_point
 from engine.lease import Heartbeat, Lease
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
+from runs_app.agents import RuleMatch, approval_requirement
+from runs_app.selectors import run_agent_version
 from runs_app.services import run_transition, run_write, step_create, step_transition
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
@@ -176,9 +178,13 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
         _finish(cp=cp, lease=lease, outcomes=outcomes)
         return None
     tool = tool_get(head.tool_name)
-    if tool.approval != ApprovalRequirement.NONE and not _approved(cp=cp, lease=lease, call=head, tool=tool):
+    # The run's agent version's rules (or the tool's own policy) decide who approves: evaluated
+    # here, by the run-time, on the validated arguments — nothing the model says counts.
+    requirement = approval_requirement(version=run_agent_version(run), tool=tool, arguments=head.arguments)
+    if requirement.approval != ApprovalRequirement.NONE and not _approved(cp=cp, lease=lease, call=head,
+                                                                          requirement=requirement):
         return None
-    outcome = _write_execute(run=run, lease=lease, call=head, tool=tool)
+    outcome = _write_execute(run=run, lease=lease, call=head, tool=tool, requirement=requirement)
     if outcome.status == ToolCallStatus.UNKNOWN:
         with transaction.atomic():
             _apply_outcome(outcome, lease=lease)
@@ -241,12 +247,13 @@ def _wait_for_answer(*, run: Run, lease: Lease, call: ToolCall) -> None:
     raise StopDriving("waiting-input")
 
 
-def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, tool) -> bool:
+def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, requirement: RuleMatch) -> bool:
     """True when a recorded human decision lets this call run. Otherwise suspends the run (or
     closes the call) and returns False. Nothing the model wrote is consulted here."""
     approval = Approval.objects.filter(tool_call=call).first()
     if approval is None:
-        approval_request(run=cp.run, tool_call=call, policy=tool.approval, lease_token=lease.token)
+        approval_request(run=cp.run, tool_call=call, policy=requirement.approval, lease_token=lease.token,
+                         required_approvals=requirement.approvers, rule=requirement.rule, rule_reason=requirement.reason)
         raise StopDriving("approval")
     if approval.status == ApprovalStatus.APPROVED:
         return True
@@ -364,7 +371,7 @@ def _phase_event(run: Run) -> list[tuple[str, dict]]:
     return [(RunEventType.RUN_STATUS, {"status": RunStatus.RUNNING, "phase": RunPhase.EXECUTING_TOOLS, "wait_reason": ""})]
 
 
-def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
+def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool, requirement: RuleMatch | None = None) -> Outcome:
     with transaction.atomic():
         if not tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token,
                                     started_at=timezone.now(), attempts=call.attempts + 1):
@@ -372,7 +379,12 @@ def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool) -> Outcome:
         run_write(
             run_id=run.id,
             changes={"phase": RunPhase.EXECUTING_TOOLS},
-            events=[*_phase_event(run), tool_call_event(call, idempotency_key=call.idempotency_key)],
+            events=[*_phase_event(run), tool_call_event(
+                call, idempotency_key=call.idempotency_key,
+                # A write an agent's rule let through unapproved says which rule, and why.
+                **({"approval_rule": requirement.rule, "approval_reason": requirement.reason}
+                   if requirement is not None and requirement.rule and requirement.approval == ApprovalRequirement.NONE else {}),
+            )],
             lease_token=lease.token,
         )
         run.phase = RunPhase.EXECUTING_TOOLS

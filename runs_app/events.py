@@ -14,6 +14,8 @@ class RunEventType(models.TextChoices):
     TOOL_CALL = "tool_call"
     APPROVAL_REQUESTED = "approval_requested"
     APPROVAL_DECIDED = "approval_decided"
+    # One approval of a quorum that needs more: the request stays pending.
+    APPROVAL_PROGRESS = "approval_progress"
     APPROVAL_EXPIRED = "approval_expired"
     APPROVAL_WITHDRAWN = "approval_withdrawn"
     INPUT_REQUESTED = "input_requested"
@@ -31,7 +33,8 @@ def event_payload_for_customer(event_type: str, payload: dict, *, customer_usern
     """The payload as the session's customer sees it (sessions_app.access.reads_desk_notes): an
     operator's note on a decision, reconciliation evidence and an operator's cancel reason
     become `""` — the field stays, so the shape is the documented one."""
-    if event_type in (RunEventType.APPROVAL_DECIDED, RunEventType.APPROVAL_EXPIRED, RunEventType.APPROVAL_WITHDRAWN):
+    if event_type in (RunEventType.APPROVAL_DECIDED, RunEventType.APPROVAL_EXPIRED, RunEventType.APPROVAL_WITHDRAWN,
+                      RunEventType.APPROVAL_PROGRESS):
         if payload.get("note") and payload.get("decided_by") != customer_username:
             return {**payload, "note": ""}
     elif event_type == RunEventType.TOOL_CALL:

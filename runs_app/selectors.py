@@ -1,15 +1,19 @@
 """Reads about runs: the filtered list, the detail with everything an integrator or operator
 needs to judge a run, and its event log — scoped to what a user may see."""
 
+import functools
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from approvals_app.models import Approval
 from config.pagination import keyset_page
-from runs_app.models import DEADLINE_PAUSED_WAITS, RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason
+from runs_app.models import (
+    DEADLINE_PAUSED_WAITS, RUNNING_PHASES, Agent, AgentVersion, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason,
+)
 from sessions_app import access
 from tools_app.models import ToolCall
 from sessions_app.models import Session
@@ -185,3 +189,41 @@ def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
     # Unordered: ordered by time, PostgreSQL would walk every run newest first looking for these.
     add(Run.objects.filter(session_id__in=sessions).order_by().values_list("pk", flat=True)[:limit])
     return list(found)
+
+
+# --- agents ----------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=512)
+def agent_version_get(version_id: int) -> AgentVersion:
+    """A version by id, kept per process: versions never change (the database refuses it), and a
+    worker reads its run's on every model call and tool call."""
+    return AgentVersion.objects.select_related("agent").get(pk=version_id)
+
+
+def run_agent_version(run: Run) -> AgentVersion | None:
+    return agent_version_get(run.agent_version_id) if run.agent_version_id else None
+
+
+def run_offered_tools(run: Run) -> list[str] | None:
+    """The tools the run's model may see and call (its agent version's, besides ask_user); None:
+    a run without an agent version, which is offered every registered tool."""
+    version = run_agent_version(run)
+    return list(version.tools) if version is not None else None
+
+
+def agent_list(*, user) -> list[Agent]:
+    if not access.can_see_agents(user=user):
+        return []
+    return list(Agent.objects.select_related("current_version").filter(current_version__isnull=False).order_by("name", "id"))
+
+
+def agent_get(*, user, slug: str) -> Agent | None:
+    if not access.can_see_agents(user=user):
+        return None
+    return Agent.objects.select_related("current_version").filter(slug=slug, current_version__isnull=False).first()
+
+
+def agent_default() -> Agent | None:
+    """The agent new sessions get when they name none (settings.WARDEN_DEFAULT_AGENT), if it exists."""
+    slug = settings.WARDEN_DEFAULT_AGENT
+    return Agent.objects.filter(slug=slug, current_version__isnull=False).first() if slug else None

@@ -217,9 +217,10 @@ class RunBudgetsOverCap(Exception):
         super().__init__(self.message)
 
 
-def run_budgets_over_caps(*, budgets: dict[str, Any]) -> list[BudgetOverCap]:
+def run_budgets_over_caps(*, budgets: dict[str, Any], agent_version=None) -> list[BudgetOverCap]:
     """Which of a request's budgets (max_model_calls, max_tokens, deadline_seconds — or an
-    absolute `deadline`) exceed the deployment's caps; empty when none does."""
+    absolute `deadline`) exceed the deployment's caps, or the agent version's own maxima (its
+    `budget_limits`) where those are lower; empty when none does."""
     requested = {key: budgets.get(key) for key in ("max_model_calls", "max_tokens", "deadline_seconds")}
     if requested["deadline_seconds"] is None and budgets.get("deadline") is not None:
         requested["deadline_seconds"] = int((budgets["deadline"] - timezone.now()).total_seconds())
@@ -228,6 +229,9 @@ def run_budgets_over_caps(*, budgets: dict[str, Any]) -> list[BudgetOverCap]:
         "max_tokens": (settings.WARDEN_TOKENS_CAP, "WARDEN_TOKENS_CAP"),
         "deadline_seconds": (settings.WARDEN_DEADLINE_CAP_SECONDS, "WARDEN_DEADLINE_CAP_SECONDS"),
     }
+    for field, limit in ((agent_version.budget_limits or {}) if agent_version is not None else {}).items():
+        if field in caps and limit < caps[field][0]:
+            caps[field] = (limit, f"the budget_limits of agent {agent_version.name} v{agent_version.number}")
     return [
         BudgetOverCap(field=field, requested=value, cap=caps[field][0], setting=caps[field][1])
         for field, value in requested.items()
@@ -243,11 +247,19 @@ def run_create(
     provider_options: dict | None = None,
     budgets: dict | None = None,
     budgets_set_by=None,
+    agent_version=None,
 ) -> Run:
     """A queued run for `session`. The caller owns the transaction and enqueues after commit.
     The database's partial unique index refuses a second active run in the same session.
     `budgets` (max_model_calls, max_tokens, deadline_seconds or an absolute deadline) override
-    the defaults; `budgets_set_by` is who asked for them (callers check the caps first)."""
+    the defaults — the agent version's, else the deployment's; `budgets_set_by` is who asked for
+    them (callers check the caps first). With `agent_version` the run records it and takes its
+    provider, model and provider options (a request's own options on top)."""
+    if agent_version is not None:
+        budgets = {**(agent_version.budgets or {}), **(budgets or {})}
+        provider = provider or agent_version.provider
+        provider_options = {**(agent_version.provider_options or {}),
+                            **({"model": agent_version.model} if agent_version.model else {}), **(provider_options or {})}
     budgets = budgets or {}
     now = timezone.now()
     deadline = budgets.get("deadline")
@@ -262,6 +274,7 @@ def run_create(
         max_tokens=budgets.get("max_tokens", settings.WARDEN_MAX_TOKENS),
         deadline=deadline or now + timedelta(seconds=settings.WARDEN_RUN_DEADLINE_SECONDS),
         budgets_set_by=budgets_set_by,
+        agent_version=agent_version,
     )
     run_write(run_id=run.id, events=[(RunEventType.RUN_STATUS, {"status": RunStatus.QUEUED, "phase": RunPhase.WAITING_WORKER, "wait_reason": ""})])
     run.refresh_from_db(fields=["event_seq", "snapshot_version"])

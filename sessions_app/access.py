@@ -13,6 +13,7 @@ from being staff:
   approvals_app.decide_approval   see and decide operator-level approvals, never in one's own session
   tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown, never in one's
                                   own session
+  runs_app.change_agent           define agents and give them new versions (admin and API)
 
 Four eyes (WARDEN_FOUR_EYES, on by default) applies to every human decision an operator makes:
 nobody approves, or records the outcome of, a write requested in their own session.
@@ -26,7 +27,7 @@ from django.db.models import BooleanField, IntegerField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.lookups import Exact
 
-from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
 from runs_app.models import Run, RunStatus
 from sessions_app.models import Session
 from tools_app.models import ToolCall, ToolCallStatus
@@ -38,6 +39,7 @@ VIEW_ANY_SESSION = "sessions_app.view_session"
 DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
 RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
 ARM_DEMO_FAULTS = "demo.change_simfault"
+MANAGE_AGENTS = "runs_app.change_agent"
 
 
 def is_active(user) -> bool:
@@ -52,6 +54,7 @@ def operator_powers(user) -> dict[str, bool]:
         "view_any_session": reads_any_session(user),
         "decide_operator_approvals": is_active(user) and user.has_perm(DECIDE_OPERATOR_APPROVALS),
         "reconcile_tool_calls": is_active(user) and user.has_perm(RECONCILE_TOOL_CALLS),
+        "manage_agents": can_manage_agents(user=user),
     }
 
 
@@ -179,7 +182,11 @@ def decidable_approvals(*, user) -> Q:
     decidable = Q(policy=ApprovalPolicy.USER) & mine
     if user.has_perm(DECIDE_OPERATOR_APPROVALS):
         operator = Q(policy=ApprovalPolicy.OPERATOR)
-        decidable |= operator & ~mine if settings.WARDEN_FOUR_EYES else operator
+        quorum = Q(required_approvals__gt=1)
+        # Never a quorum in one's own session, nor one the caller already approved.
+        operator &= ~mine if settings.WARDEN_FOUR_EYES else ~(quorum & mine)
+        operator &= ~(quorum & Q(pk__in=ApprovalDecision.objects.filter(decided_by_id=user.pk).values("approval_id")))
+        decidable |= operator
     return Q(status=ApprovalStatus.PENDING) & decidable
 
 
@@ -193,8 +200,11 @@ def why_not_a_decider(*, user, approval: Approval) -> str:
         return "" if user.pk == owner_id else "Only the customer whose session this is can confirm it."
     if not user.has_perm(DECIDE_OPERATOR_APPROVALS):
         return "Deciding needs the approvals_app.decide_approval permission."
-    if settings.WARDEN_FOUR_EYES and user.pk == owner_id:
+    # A quorum is of people other than the session's owner, whatever WARDEN_FOUR_EYES says.
+    if (settings.WARDEN_FOUR_EYES or approval.required_approvals > 1) and user.pk == owner_id:
         return "Four eyes: you may not decide a request raised in your own session."
+    if approval.required_approvals > 1 and approval.decisions.filter(decided_by_id=user.pk).exists():
+        return "You have already approved this request; it needs another operator's approval."
     return ""
 
 
@@ -257,6 +267,20 @@ def why_cannot_reconcile(*, user, tool_call: ToolCall) -> str:
 
 def can_reconcile_tool_call(*, user, tool_call: ToolCall) -> bool:
     return why_cannot_reconcile(user=user, tool_call=tool_call) == ""
+
+
+# --- agents ------------------------------------------------------------------------------------
+
+
+def can_manage_agents(*, user) -> bool:
+    """May define agents and save new versions of them (the admin's agent pages, POST/PUT /agents)."""
+    return is_active(user) and user.has_perm(MANAGE_AGENTS)
+
+
+def can_see_agents(*, user) -> bool:
+    """Everyone signed in may list the agents (to pick one for a new session) and read their
+    current definition: instructions, tools and rules are what the run will be held to."""
+    return is_active(user)
 
 
 # --- the demo world ----------------------------------------------------------------------------

@@ -11,6 +11,9 @@ class Session(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent_sessions")
     title = models.CharField(max_length=200, blank=True)
+    # The agent its runs use (each run takes the agent's current version when it starts); null:
+    # a session from before agents, or a deployment with none configured.
+    agent = models.ForeignKey("runs_app.Agent", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions")
     # Highest Message.seq handed out; appends lock this row, so seqs are gap-free per session.
     message_seq = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -95,6 +95,7 @@ class Tool:
 
 _REGISTRY: dict[str, Tool] = {}
 _SCHEMAS: list[dict] | None = None  # built once: pydantic schema generation costs ~0.4 ms a tool
+_SCHEMA_OF: dict[str, dict] = {}
 
 
 def tool_register(tool: Tool) -> Tool:
@@ -105,6 +106,7 @@ def tool_register(tool: Tool) -> Tool:
     global _SCHEMAS
     _REGISTRY[tool.name] = tool
     _SCHEMAS = None
+    _SCHEMA_OF.pop(tool.name, None)
     return tool
 
 
@@ -116,11 +118,19 @@ def tool_list() -> list[Tool]:
     return list(_REGISTRY.values())
 
 
-def tool_schemas() -> list[dict[str, Any]]:
+def tool_schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
+    """The function schemas the model is offered: every registered tool, or (an agent version's
+    list) only the tools named — and the run-time's own ask_user, which every run has."""
     global _SCHEMAS
-    if _SCHEMAS is None:
-        _SCHEMAS = [tool.openai_schema() for tool in _REGISTRY.values()]
-    return _SCHEMAS
+    if names is None:
+        if _SCHEMAS is None:
+            _SCHEMAS = [tool.openai_schema() for tool in _REGISTRY.values()]
+        return _SCHEMAS
+    offered = [name for name in _REGISTRY if name in set(names) or name == ASK_USER]
+    for name in offered:
+        if name not in _SCHEMA_OF:
+            _SCHEMA_OF[name] = _REGISTRY[name].openai_schema()
+    return [_SCHEMA_OF[name] for name in offered]
 
 
 # --- the run-time's own tool ------------------------------------------------------------------

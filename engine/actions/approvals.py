@@ -10,13 +10,15 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.timesince import timesince, timeuntil
 
-from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
 from approvals_app.services import (
     ApprovalAlreadyDecided,
     ApprovalError,
     ApprovalExpired,
     ApprovalNotPermitted,
+    approval_approvers,
     approval_create,
+    approval_decision_record,
     approval_event_payload,
     approval_transition,
     audit_record,
@@ -32,12 +34,14 @@ from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, code_text, decision_text
 from tools_app.services import tool_call_message, tool_call_transition
 
 
-def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token: int) -> Approval:
-    """Suspend the run on a write that needs a human: the Approval row and `waiting / approval`
-    in one commit."""
+def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token: int, required_approvals: int = 1,
+                     rule: str = "", rule_reason: str = "") -> Approval:
+    """Suspend the run on a write that needs a human: the Approval row (with the agent's rule that
+    asked for it, and why) and `waiting / approval` in one commit."""
     expires_at = timezone.now() + timedelta(seconds=settings.WARDEN_APPROVAL_TTL_SECONDS)
     with transaction.atomic():
-        approval = approval_create(run=run, tool_call=tool_call, policy=policy, expires_at=expires_at)
+        approval = approval_create(run=run, tool_call=tool_call, policy=policy, expires_at=expires_at,
+                                   required_approvals=required_approvals, rule=rule, rule_reason=rule_reason)
         run_transition(
             run=run,
             to=RunStatus.WAITING,
@@ -78,6 +82,19 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
     to = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
     with transaction.atomic():
         session_lock(session_id=approval.run.session_id)  # before the run's row: see session_lock
+        # Under the session's lock every decision on this approval takes its turn: what is
+        # counted here is exact, so a quorum is reached once and executes once.
+        if approval.required_approvals > 1 and approval.status == ApprovalStatus.PENDING:
+            if ApprovalDecision.objects.filter(approval_id=approval.pk, decided_by_id=acting_user.pk).exists():
+                raise ApprovalAlreadyDecided("You have already approved this request; it needs another operator's approval.")
+            if Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).exists():
+                approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
+                approved = len(approval_approvers(approval=approval))
+                if decision == "approve" and approved < approval.required_approvals:
+                    return _quorum_progress(approval=approval, acting_user=acting_user, note=note, approved=approved)
+        elif approval.status == ApprovalStatus.PENDING and Approval.objects.filter(
+                pk=approval.pk, status=ApprovalStatus.PENDING).exists():
+            approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
         if approval.status != ApprovalStatus.PENDING or not approval_transition(
             approval=approval, to=to, decided_by=acting_user, note=note, customer_message=customer_message,
         ):
@@ -86,6 +103,8 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
             when = f" at {_clock(current.decided_at)} ({_ago(current.decided_at)})" if current.decided_at else ""
             raise ApprovalAlreadyDecided(f"Already {current.status} by {who}{when}.")
         after = {"status": to} | ({"customer_message": customer_message} if customer_message else {})
+        if approval.required_approvals > 1:
+            after["approved_by"] = approval_approvers(approval=approval)
         audit_record(
             actor=acting_user, action=decision, obj=approval, run_id=approval.run_id,
             before={"status": ApprovalStatus.PENDING}, after=after, note=note,
@@ -93,6 +112,19 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         if to == ApprovalStatus.REJECTED:
             tool_call_close_for_decision(approval=approval)
         run_resume(run_id=approval.run_id, wait_reasons=[WaitReason.APPROVAL], event_payload={"approval": str(approval.id)})
+    return approval
+
+
+def _quorum_progress(*, approval: Approval, acting_user, note: str, approved: int) -> Approval:
+    """One more approval of a quorum that needs more: audited, announced on the run
+    (`approval_progress`), and the request stays pending — nothing executes yet."""
+    audit_record(actor=acting_user, action="approve", obj=approval, run_id=approval.run_id,
+                 before={"status": ApprovalStatus.PENDING, "approvals": approved - 1},
+                 after={"status": ApprovalStatus.PENDING, "approvals": approved, "required": approval.required_approvals},
+                 note=note)
+    run_write(run_id=approval.run_id, raise_on_miss=True, events=[(RunEventType.APPROVAL_PROGRESS, {
+        **approval_event_payload(approval), "approver": acting_user.get_username(),
+    })])
     return approval
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from engine.actions.cancel import run_cancel_request
-from engine.actions.runs import run_resume, run_start
+from engine.actions.runs import run_resume, run_start, session_agent_version
 from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus, WaitReason
 from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps, run_event_append, run_write
@@ -43,7 +43,7 @@ def message_post(
     content = message_text_checked(content=content, mode=mode)
     budgets = budgets or None
     if budgets and not access.may_exceed_budget_caps(acting_user):
-        if over := run_budgets_over_caps(budgets=budgets):
+        if over := run_budgets_over_caps(budgets=budgets, agent_version=session_agent_version(session)):
             raise RunBudgetsOverCap(over)
     with transaction.atomic():
         # Lock the session: two posts at once must not both see "no active run".

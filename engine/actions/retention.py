@@ -14,7 +14,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
-from approvals_app.models import Approval, AuditEntry
+from approvals_app.models import Approval, ApprovalDecision, AuditEntry
 from approvals_app.services import audit_record
 from runs_app.models import ACTIVE_STATUSES, ContextSummary, Run, RunEvent, Step
 from sessions_app.models import Message, PendingInput, Session
@@ -47,6 +47,7 @@ def session_archive_record(session: Session) -> dict:
         "events": _rows(RunEvent.objects.filter(run__in=runs).order_by("run_id", "seq")),
         "tool_calls": _rows(ToolCall.objects.filter(run__in=runs).order_by("created_at")),
         "approvals": _rows(Approval.objects.filter(run__in=runs).order_by("requested_at")),
+        "approval_decisions": _rows(ApprovalDecision.objects.filter(approval__run__in=runs).order_by("id")),
         "audit": _rows(AuditEntry.objects.filter(run__in=runs).order_by("created_at")),
     }
 
@@ -84,6 +85,7 @@ def _erase(session: Session) -> None:
     runs = Run.objects.filter(session=session)
     AuditEntry.objects.filter(run__in=runs).update(run=None)
     RunEvent.objects.filter(run__in=runs).delete()
+    ApprovalDecision.objects.filter(approval__run__in=runs).delete()
     Approval.objects.filter(run__in=runs).delete()
     ToolCall.objects.filter(run__in=runs).update(reused_from=None)
     ToolCall.objects.filter(run__in=runs).delete()

@@ -11,7 +11,9 @@ from approvals_app.models import Approval, ApprovalStatus
 from approvals_app.services import approval_transition, audit_record
 from engine.queue import run_enqueue
 from runs_app.events import RunEventType
-from runs_app.models import ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
+from runs_app.models import (
+    ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Agent, AgentVersion, Run, RunStatus, Step, StepStatus,
+)
 from runs_app.services import run_create, run_transition, run_write, step_transition
 from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
 from sessions_app.services import messages_append, session_lock
@@ -38,10 +40,18 @@ def run_start(*, session: Session, content: str, acting_user, budgets=None, prov
     The caller holds the session lock; the database's partial unique index refuses a second
     active run in the session whatever happens."""
     run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options,
-                     budgets_set_by=acting_user if budgets else None)
+                     budgets_set_by=acting_user if budgets else None, agent_version=session_agent_version(session))
     (message,) = messages_append(session_id=session.pk, messages=[Message(role=MessageRole.USER, content=content, run=run)])
     run_enqueue(run.id)
     return run, message
+
+
+def session_agent_version(session: Session) -> AgentVersion | None:
+    """The version a new run of `session` uses: its agent's current one, read as the run starts
+    (a run keeps it for good; an edit of the agent meanwhile is the next run's)."""
+    if session.agent_id is None:
+        return None
+    return AgentVersion.objects.filter(pk=Agent.objects.filter(pk=session.agent_id).values("current_version_id")[:1]).first()
 
 
 def run_start_next(*, session_id) -> Run | None:
@@ -76,8 +86,9 @@ def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str
         if Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_STATUSES).exists():
             raise RunNotRetryable("The session has an active run; retry once it has ended.")
         limits = {"max_model_calls": run.max_model_calls, "max_tokens": run.max_tokens, **(budgets or {})}
+        # The retry goes on with what the run was started with: its agent version too.
         retry = run_create(session=run.session, created_by=acting_user, provider=run.provider,
-                           provider_options=run.provider_options, budgets=limits)
+                           provider_options=run.provider_options, budgets=limits, agent_version=run.agent_version)
         Run.objects.filter(pk=retry.pk).update(retry_of=run)
         retry.retry_of = run
         run_write(run_id=run.id, events=[(RunEventType.RUN_RETRIED, {"retry": str(retry.id),

@@ -1,0 +1,60 @@
+"""Defining agents (docs/EXTENDING.md): every save of a definition, from the admin or the API, is
+a new immutable version — checked first (runs_app.agents.agent_definition_check: nothing is saved
+when any field is wrong), then written with the agent's pointer to it and an audit entry naming
+who, in one transaction. Runs keep the version they started with; the next run takes the new one."""
+
+from django.db import transaction
+
+from approvals_app.services import audit_record
+from runs_app.agents import AgentDefinitionInvalid, agent_definition_check
+from runs_app.models import Agent, AgentVersion
+from sessions_app import access
+
+# The definition's fields as an AgentVersion stores them.
+VERSION_FIELDS = ("name", "instructions", "provider", "model", "provider_options", "tools", "budgets", "budget_limits",
+                  "approval_rules", "interjection_classifier")
+
+
+class AgentNotPermitted(Exception):
+    code = "not_permitted"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def agent_definition_of(version: AgentVersion | None) -> dict:
+    """A version as a definition (what the admin form and the API show, and a save may change)."""
+    if version is None:
+        return {}
+    return {"slug": version.agent.slug, **{field: getattr(version, field) for field in VERSION_FIELDS}}
+
+
+def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> AgentVersion:
+    """Create the agent (without `agent`) or give it a new version. AgentDefinitionInvalid names
+    every wrong field, AgentNotPermitted refuses a caller without runs_app.change_agent; in either
+    case nothing is written."""
+    if not access.can_manage_agents(user=acting_user):
+        raise AgentNotPermitted("Defining agents needs the runs_app.change_agent permission.")
+    if agent is not None:
+        definition = {**definition, "slug": agent.slug}
+    clean = agent_definition_check(definition)
+    with transaction.atomic():
+        if agent is None:
+            if Agent.objects.filter(slug=clean["slug"]).exists():
+                raise AgentDefinitionInvalid({"slug": f"an agent {clean['slug']!r} exists already"})
+            agent = Agent.objects.create(slug=clean["slug"], name=clean["name"])
+            before: dict = {}
+        else:
+            # Two saves at once: the row lock makes their version numbers consecutive, not equal.
+            agent = Agent.objects.select_for_update().get(pk=agent.pk)
+            before = {"version": agent.current_version.number if agent.current_version_id else None}
+        number = (AgentVersion.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first() or 0) + 1
+        version = AgentVersion.objects.create(agent=agent, number=number, created_by=acting_user,
+                                              **{field: clean[field] for field in VERSION_FIELDS})
+        agent.current_version = version
+        agent.name = clean["name"]
+        agent.save(update_fields=["current_version", "name", "updated_at"])
+        audit_record(actor=acting_user, action="define_agent", obj=agent, before=before,
+                     after={"version": number, "tools": clean["tools"], "provider": clean["provider"], "model": clean["model"]})
+    return version
