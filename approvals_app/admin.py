@@ -10,7 +10,8 @@ from django.utils.html import format_html, format_html_join
 
 from approvals_app.admin_display import age, amount_of, badge, compact_arguments, countdown, pretty_json, table, waited
 from approvals_app.admin_views import approval_decide_view, approvals_decide_action
-from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus, AuditEntry
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry
+from approvals_app.services import approval_approvers
 from approvals_app.selectors import approval_conversation, approval_read_results
 from config.admin_base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyAdmin
 from runs_app.selectors import run_ids_matching
@@ -43,13 +44,33 @@ FOUR_EYES_SHORT = "Four eyes: raised in your own session — another operator de
 
 
 def applicable_rule(approval: Approval) -> str:
-    """Why this request needs this decider: the policy, and the tool rule that asked for it."""
+    """Why this request needs this decider: the policy, the agent's rule (or the tool's policy)
+    that asked for it and why — and for a quorum, how far it has got and who is still needed."""
     tool = tool_get(approval.tool_call.tool_name)
     who = "Operator approval" if approval.policy == ApprovalPolicy.OPERATOR else "Customer's confirmation"
-    scope = f"tool policy: every {approval.tool_call.tool_name}" if tool is not None else "tool no longer registered"
+    if approval.rule:
+        scope = f"agent rule {approval.rule} ({approval.rule_reason})"
+    else:
+        scope = f"tool policy: every {approval.tool_call.tool_name}" if tool is not None else "tool no longer registered"
     if approval.policy == ApprovalPolicy.OPERATOR:
         scope += " · four eyes"
+    if approval.required_approvals > 1:
+        return format_html('{}<br><strong class="desk-quorum">{}</strong><br><small class="desk-muted">{}</small>',
+                           who, quorum_progress(approval), scope)
     return format_html('{}<br><small class="desk-muted">{}</small>', who, scope)
+
+
+def quorum_progress(approval: Approval) -> str:
+    """ "1 of 2 approvals (by op1) — needs 1 more operator: not op1, nor alice, whose session it is"."""
+    approvers = approval_approvers(approval=approval)
+    text = f"{len(approvers)} of {approval.required_approvals} approvals"
+    if approvers:
+        text += f" (by {', '.join(approvers)})"
+    missing = approval.required_approvals - len(approvers)
+    if approval.status == ApprovalStatus.PENDING and missing > 0:
+        barred = [*approvers, f"{approval.run.session.owner.get_username()}, whose session it is"]
+        text += f" — needs {missing} more operator{'s' if missing > 1 else ''} with decide_approval: not {', nor '.join(barred)}"
+    return text
 
 
 @admin.register(Approval)
@@ -163,6 +184,8 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj):
         text = obj.status if not obj.decided_by_id else f"{obj.status} by {obj.decided_by.get_username()}"
+        if obj.required_approvals > 1 and obj.status == ApprovalStatus.PENDING:
+            text += f" · {len(approval_approvers(approval=obj))} of {obj.required_approvals} approvals"
         return badge(text, f"approval-{obj.status}")
 
     @admin.display(description="tool", ordering="tool_call__tool_name")
@@ -244,9 +267,21 @@ def _message_text(message) -> str:
     return message.content[:500] + ("…" if len(message.content) > 500 else "")
 
 
+@admin.register(ApprovalDecision)
+class ApprovalDecisionAdmin(PolicyScopedAdmin):
+    """Each person's decision on an approval (a quorum's several), as the access policy lets one see them."""
+
+    list_display = ("approval", "decision", "decided_by", "decided_at")
+    list_select_related = ("approval", "decided_by")
+
+    def visible(self, user):
+        return ApprovalDecision.objects.filter(approval__in=access.visible_approvals(user=user))
+
+
 # Where an audit entry's object is shown; object_type is the model name it was recorded with.
 AUDIT_OBJECT_ADMIN = {
     "approval": "admin:approvals_app_approval_change",
+    "agent": "admin:runs_app_agent_change",
     "toolcall": "admin:tools_app_toolcall_change",
     "run": "admin:runs_app_run_change",
 }

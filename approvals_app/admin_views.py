@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from approvals_app.admin_display import amount_of, compact_arguments, countdown, time_to_expiry
 from approvals_app.models import Approval, ApprovalStatus
-from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalNotPermitted
+from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalNotPermitted, approval_approvers
 from engine.actions.approvals import approval_decide
 from sessions_app import access
 from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, decision_text
@@ -81,7 +81,14 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
             messages.error(request, error.message)
             return HttpResponseRedirect(change_url)
         else:
-            messages.success(request, _decided_message(decision, [approval.tool_call]))
+            approval.refresh_from_db(fields=["status"])
+            if approval.status == ApprovalStatus.PENDING:
+                # One approval of a quorum: recorded, nothing executes until the last one.
+                approved = len(approval_approvers(approval=approval))
+                messages.success(request, f"Your approval is recorded: {approved} of {approval.required_approvals} approvals "
+                                          f"for {approval.tool_call.tool_name}. It runs once another operator approves it.")
+            else:
+                messages.success(request, _decided_message(decision, [approval.tool_call]))
             return HttpResponseRedirect(reverse("admin:approvals_app_approval_changelist"))
     context = {
         **model_admin.admin_site.each_context(request),

@@ -10,6 +10,7 @@ from ninja import Field, Query, Router, Schema
 
 from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from approvals_app.selectors import approval_get, approval_list
+from approvals_app.services import approval_approvers
 from config.api_base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
 from engine.actions.approvals import approval_decide
 from sessions_app import access
@@ -41,6 +42,23 @@ class ApprovalOut(Schema):
                                   "unless they decided it themselves")
     customer_message: str = Field(description="what the decider chose to tell the customer; the model is told it")
     can_decide: bool = Field(description="whether the caller may decide it now")
+    required_approvals: int = Field(description="distinct operators who must approve (a quorum from the agent's rule); "
+                                                "one rejection rejects")
+    approved_by: list[str] = Field(description="who has approved so far, in order")
+    approvals_missing: int = Field(description="approvals still needed while pending")
+    rule: str = Field(description="the agent's rule that asked for this approval; \"\": the tool's own policy")
+    rule_reason: str = Field(description="why that rule applied to these arguments")
+
+    @staticmethod
+    def resolve_approved_by(approval) -> list[str]:
+        return approval_approvers(approval=approval) if approval.required_approvals > 1 else (
+            [approval.decided_by.get_username()] if approval.status == ApprovalStatus.APPROVED and approval.decided_by_id else [])
+
+    @staticmethod
+    def resolve_approvals_missing(approval) -> int:
+        if approval.status != ApprovalStatus.PENDING:
+            return 0
+        return approval.required_approvals - (len(approval_approvers(approval=approval)) if approval.required_approvals > 1 else 0)
 
     @staticmethod
     def resolve_session_id(approval) -> uuid.UUID:
@@ -114,6 +132,8 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     winner. Approval resumes the run; rejection cancels the tool call and tells the model so, in
     plain words and with `customer_message` — never the `note`."""
     approval = _visible_approval(request, approval_id)
+    if approval.required_approvals > 1 and request.auth.pk in approval.decisions.values_list("decided_by_id", flat=True):
+        raise ApiError(409, "already_decided", "You have already approved this request; it needs another operator's approval.")
     if access.why_not_a_decider(user=request.auth, approval=approval):
         raise ApiError(403, "not_permitted", "You may not decide this approval.")
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():

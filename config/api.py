@@ -31,6 +31,7 @@ from config.throttling import API_THROTTLES
 from engine.actions.cancel import RunNotCancellable
 from engine.actions.reconciliation import ReconcileError
 from engine.actions.runs import RunNotRetryable
+from runs_app.api import agents_router
 from runs_app.api import router as runs_router
 from runs_app.services import RunBudgetsOverCap
 from runs_app.transitions import IllegalTransition, LeaseLost
@@ -128,6 +129,7 @@ api = WardenAPI(
 api.add_router("/me", me_router)
 api.add_router("/sessions", sessions_router)
 api.add_router("/runs", runs_router)
+api.add_router("/agents", agents_router)
 api.add_router("/tool-calls", tools_router)
 api.add_router("/approvals", approvals_router)
 

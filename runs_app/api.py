@@ -23,11 +23,15 @@ from config.api_base import (
     BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
 )
 from engine.actions.cancel import run_cancel_request
+from engine.actions.agents import agent_save
 from engine.actions.runs import run_retry
 from runs_app import liveness
 from runs_app.events import event_payload_for_customer
 from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
-from runs_app.selectors import run_detail, run_event_list, run_event_poll, run_get, run_list, run_wait_clock
+from runs_app.agents import AgentDefinitionInvalid
+from runs_app.selectors import (
+    agent_get, agent_list, run_agent_version, run_detail, run_event_list, run_event_poll, run_get, run_list, run_wait_clock,
+)
 from sessions_app import access
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 from tools_app.api import ToolCallOut
@@ -148,7 +152,20 @@ class EventOut(Schema):
     created_at: datetime
 
 
+class RunAgentOut(Schema):
+    slug: str
+    version: int
+    name: str
+    instructions: str
+    provider: str
+    model: str
+    tools: list[str]
+    approval_rules: Any
+
+
 class RunDetailOut(RunOut):
+    agent: RunAgentOut | None = Field(description="the agent version the run was started with (and keeps): instructions, "
+                                                  "tools, rules, model; null for a run without an agent")
     started_at: datetime | None
     updated_at: datetime
     created_by: str | None
@@ -213,6 +230,7 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
         "error": {"code": run.error_code, "detail": run.error_detail} if run.error_code else None,
         "can_cancel": access.can_cancel_run(user=user, run=run),
         "can_retry": access.can_retry_run(user=user, run=run),
+        "agent": _agent_of(run),
         "retry_of": run.retry_of_id,
         "retries": list(run.retries.order_by("created_at").values_list("id", flat=True)),
         "steps": detail.steps,
@@ -222,6 +240,15 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
         "recent_events": _as_seen_by(detail.recent_events, _customer_view(user, run)),
     }
     return SimpleNamespace(**out)
+
+
+def _agent_of(run) -> dict | None:
+    version = run_agent_version(run)
+    if version is None:
+        return None
+    return {"slug": version.agent.slug, "version": version.number, "name": version.name, "instructions": version.instructions,
+            "provider": version.provider, "model": version.model, "tools": list(version.tools),
+            "approval_rules": version.approval_rules}
 
 
 def _wait_out(run) -> dict | None:
@@ -518,3 +545,112 @@ def runs_events_stream(
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+# ---------------------------------------------------------------------------
+# Agents (docs/EXTENDING.md)
+# ---------------------------------------------------------------------------
+
+agents_router = Router(tags=["agents"])
+
+
+class AgentVersionOut(Schema):
+    number: int
+    name: str
+    instructions: str
+    provider: str
+    model: str
+    provider_options: Any
+    tools: list[str]
+    budgets: Any = Field(description="defaults of a run's budgets: max_model_calls, max_tokens, deadline_seconds")
+    budget_limits: Any = Field(description="the most a request may ask for (beside the deployment's caps)")
+    approval_rules: Any = Field(description='{"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", '
+                                            '"approvers": N}, …]}: first match wins')
+    interjection_classifier: str
+    created_by: str | None
+    created_at: datetime
+
+    @staticmethod
+    def resolve_created_by(version) -> str | None:
+        return version.created_by.get_username() if version.created_by_id else None
+
+
+class AgentOut(Schema):
+    slug: str
+    name: str
+    version: AgentVersionOut = Field(description="the current version: what the next run uses")
+    versions: list[int] = Field(description="every version's number, newest first")
+
+    @staticmethod
+    def resolve_version(agent):
+        return agent.current_version
+
+    @staticmethod
+    def resolve_versions(agent) -> list[int]:
+        return list(agent.versions.order_by("-number").values_list("number", flat=True))
+
+
+class AgentIn(BodyIn):
+    """An agent's whole definition; saving it makes a new version (runs under way keep theirs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slug: str | None = Field(None, max_length=64, description="on create; derived from the name if left out")
+    name: StorableText = Field(max_length=100)
+    instructions: StorableText = Field(max_length=20_000)
+    provider: str | None = Field(None, max_length=32, description="a name in WARDEN_PROVIDERS; default WARDEN_MODEL_PROVIDER")
+    model: str = Field("", max_length=100)
+    provider_options: dict = Field(default_factory=dict)
+    tools: list[str] = Field(default_factory=list, description="registered tool names (WARDEN_TOOL_MODULES)")
+    budgets: dict = Field(default_factory=dict)
+    budget_limits: dict = Field(default_factory=dict)
+    approval_rules: dict = Field(default_factory=dict)
+    interjection_classifier: str = Field("model", description="`model` or `keywords`")
+
+
+def _visible_agent(request, slug: str):
+    agent = agent_get(user=request.auth, slug=slug)
+    if agent is None:
+        raise not_found("agent")
+    return agent
+
+
+def _definition_refused(error: AgentDefinitionInvalid) -> ApiError:
+    fields = [{"field": f"body.{field}", "message": message, "type": "invalid_agent"} for field, message in error.errors.items()]
+    return ApiError(422, "invalid_agent", f"The agent definition was refused, nothing was saved: {error}", fields)
+
+
+def _agent_save_or_refuse(request, payload: AgentIn, agent=None):
+    if not access.can_manage_agents(user=request.auth):
+        raise ApiError(403, "not_permitted", "Defining agents needs the runs_app.change_agent permission.")
+    try:
+        version = agent_save(definition=payload.model_dump(), acting_user=request.auth, agent=agent)
+    except AgentDefinitionInvalid as error:
+        raise _definition_refused(error) from None
+    return _visible_agent(request, version.agent.slug)
+
+
+@agents_router.get("", response={200: list[AgentOut], **errors(401, 429)}, summary="List agents")
+def agents_list(request):
+    """The deployment's agents, to pick one for a new session (`POST /sessions {"agent": slug}`)."""
+    return agent_list(user=request.auth)
+
+
+@agents_router.get("/{slug}", response={200: AgentOut, **COMMON_ERRORS}, summary="Agent detail")
+def agents_get(request, slug: str):
+    return _visible_agent(request, slug)
+
+
+@agents_router.post("", response={201: AgentOut, **COMMON_ERRORS, **errors(400, 403)}, summary="Define an agent")
+def agents_create(request, payload: AgentIn):
+    """Needs runs_app.change_agent. A definition naming an unknown tool or provider, rules that do
+    not parse or a rule earlier rules already cover is refused (422 `invalid_agent`, `fields`
+    naming each), and nothing is saved."""
+    return Status(201, _agent_save_or_refuse(request, payload))
+
+
+@agents_router.put("/{slug}", response={200: AgentOut, **COMMON_ERRORS, **errors(400, 403)}, summary="Save a new version")
+def agents_update(request, slug: str, payload: AgentIn):
+    """The whole definition again: a new version, used by the agent's next runs; runs under way
+    (and waiting ones) keep the version they started with."""
+    return _agent_save_or_refuse(request, payload, agent=_visible_agent(request, slug))

@@ -13,6 +13,7 @@ from config.api_base import (
 )
 from engine.actions.messages import message_post
 from runs_app.api import RunOut
+from runs_app.selectors import agent_get
 from sessions_app import access
 from sessions_app.models import InputDisposition, InputMode, MessageRole
 from sessions_app.selectors import message_list, message_list_latest, pending_input_list, session_get, session_list
@@ -29,6 +30,7 @@ class SessionOut(Schema):
     id: uuid.UUID
     title: str
     owner: str
+    agent: str | None = Field(description="the slug of the agent the session's runs use (null: none)")
     active_run_id: uuid.UUID | None = Field(description="the one queued, running or waiting run, if any")
     message_count: int
     created_at: datetime
@@ -37,6 +39,10 @@ class SessionOut(Schema):
     @staticmethod
     def resolve_owner(session) -> str:
         return session.owner.get_username()
+
+    @staticmethod
+    def resolve_agent(session) -> str | None:
+        return session.agent.slug if session.agent_id else None
 
     @staticmethod
     def resolve_active_run_id(session) -> uuid.UUID | None:
@@ -99,6 +105,8 @@ class SessionDetailOut(SessionOut):
 
 class SessionIn(BodyIn):
     title: StorableText = Field("", max_length=200)
+    agent: str | None = Field(None, max_length=64, description="the slug of the agent its runs use (GET /agents); "
+                                                               "default: the deployment's (WARDEN_DEFAULT_AGENT)")
 
 
 class BudgetsIn(BodyIn):
@@ -138,6 +146,7 @@ class PermissionsOut(Schema):
     view_any_session: bool
     decide_operator_approvals: bool
     reconcile_tool_calls: bool
+    manage_agents: bool
 
 
 class MeOut(Schema):
@@ -156,7 +165,7 @@ def _session_detail_out(session) -> SimpleNamespace:
     # A namespace, not the model instance: `messages` would collide with the reverse relation.
     return SimpleNamespace(
         **{field: getattr(session, field) for field in (
-            "id", "title", "owner", "active_run_id", "message_seq", "created_at", "updated_at")},
+            "id", "title", "owner", "agent", "agent_id", "active_run_id", "message_seq", "created_at", "updated_at")},
         messages=message_list_latest(session=session, limit=DETAIL_MESSAGES),
         pending_inputs=pending_input_list(session=session),
     )
@@ -174,7 +183,14 @@ def me(request):
 
 @router.post("", response={201: SessionOut, **errors(400, 401, 422)}, summary="Create a session")
 def sessions_create(request, payload: SessionIn):
-    session = session_create(owner=request.auth, title=payload.title)
+    agent = None
+    if payload.agent is not None:
+        agent = agent_get(user=request.auth, slug=payload.agent)
+        if agent is None:
+            raise ApiError(422, "unknown_agent", f"There is no agent {payload.agent!r}.",
+                           [{"field": "body.agent", "message": f"no agent {payload.agent!r} (GET /agents lists them)",
+                             "type": "unknown_agent"}])
+    session = session_create(owner=request.auth, title=payload.title, agent=agent)
     return Status(201, session_get(user=request.auth, session_id=session.pk))
 
 

@@ -11,7 +11,7 @@ from sessions_app.models import Message, PendingInput, Session
 def _with_active_run(queryset: QuerySet[Session]) -> QuerySet[Session]:
     # One subquery per row, answered by the partial unique index on active runs.
     active = Run.objects.filter(session=OuterRef("pk"), status__in=ACTIVE_STATUSES).values("id")[:1]
-    return queryset.select_related("owner").annotate(active_run_id=Subquery(active))
+    return queryset.select_related("owner", "agent").annotate(active_run_id=Subquery(active))
 
 
 def session_list(*, user, cursor: str | None, limit: int) -> tuple[list[Session], str | None]:

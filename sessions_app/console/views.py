@@ -21,6 +21,7 @@ from django.views.static import serve
 
 from approvals_app.models import Approval
 from runs_app.models import ACTIVE_STATUSES, Run
+from runs_app.selectors import agent_get, agent_list
 from sessions_app import access
 from sessions_app.console.actions import (
     ConsoleError,
@@ -92,6 +93,9 @@ def _page_context(request, *, session: Session | None) -> dict:
         "sessions": _session_list(request.user),
         "session": session,
         "interjection_modes": INTERJECTION_MODES,
+        # The "New session" agent picker, the deployment's default first.
+        "agents": agent_list(user=request.user),
+        "default_agent": settings.WARDEN_DEFAULT_AGENT,
     }
 
 
@@ -109,7 +113,13 @@ def console_session_new(request):
     except ConsoleError as error:
         _flash_error(request, error)
         return redirect("console:home")
-    session = session_create(owner=request.user, title=title or "New session")
+    agent = None
+    if request.POST.get("agent"):
+        agent = agent_get(user=request.user, slug=request.POST["agent"])
+        if agent is None:
+            _flash_error(request, ConsoleError("unknown_agent", "There is no such agent; pick one from the list."))
+            return redirect("console:home")
+    session = session_create(owner=request.user, title=title or "New session", agent=agent)
     return redirect("console:session", session_id=session.pk)
 
 

@@ -162,6 +162,10 @@ DEMO_ORDERS = [
     {"order_id": "9535", "user_id": "u2", "amount": Decimal("12.00")},
     {"order_id": "9536", "user_id": "u2", "amount": Decimal("13.00")},
     {"order_id": "9540", "user_id": "u1", "amount": Decimal("19.99")},  # the README's API example
+    # The demo agent's approval branches (tools_app/demo/agent.py): none, the customer, two operators.
+    {"order_id": "9541", "user_id": "u1", "amount": Decimal("4.50")},
+    {"order_id": "9542", "user_id": "u1", "amount": Decimal("8.00")},
+    {"order_id": "9543", "user_id": "u2", "amount": Decimal("250.00")},
     # Small eligible orders for load tests, one refund each.
     *({"order_id": str(n), "user_id": "u2", "amount": Decimal(n - 995)} for n in range(1001, 1011)),
 ]

@@ -5,7 +5,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from runs_app.models import NotificationKind, WebhookEndpoint
+from engine.actions.agents import agent_definition_of, agent_save
+from runs_app.agents import agent_definition_check
+from runs_app.models import Agent, NotificationKind, WebhookEndpoint
 from runs_app.notifications import DEMO_WEBHOOK_ENDPOINT
 
 DEMO_OPERATOR = ("operator", "operator-demo-pass")
@@ -31,7 +33,8 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo accounts — operator (admin): {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}; "
-                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}; webhooks arrive at {demo_webhook_url()}"
+                f"customer: {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}; webhooks arrive at {demo_webhook_url()}; "
+                "new sessions use the agent \"Refund desk (demo)\""
             )
         )
 
@@ -56,3 +59,16 @@ class Command(BaseCommand):
             defaults={"url": demo_webhook_url(), "kinds": list(NotificationKind.values), "active": True},
         )
         call_command("seed_demo", verbosity=0)
+        self._demo_agent(operator)
+
+    def _demo_agent(self, operator):
+        """"Refund desk (demo)": a new version only when its definition changed, so running
+        demo_setup again leaves the demo's runs and their version alone."""
+        from tools_app.demo.agent import DEMO_AGENT  # installed only in demo mode, checked above
+
+        agent = Agent.objects.filter(slug=DEMO_AGENT["slug"]).select_related("current_version__agent").first()
+        if agent is not None and agent.current_version_id:
+            current = agent_definition_of(agent.current_version)
+            if all(current.get(field) == value for field, value in agent_definition_check(DEMO_AGENT).items()):
+                return
+        agent_save(definition=DEMO_AGENT, acting_user=operator, agent=agent)
