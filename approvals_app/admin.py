@@ -75,7 +75,7 @@ def quorum_progress(approval: Approval) -> str:
 
 @admin.register(Approval)
 class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
-    list_display = ("amount", "order", "customer", "waiting", "expiry", "rule", "status_badge")
+    list_display = ("amount", "order", "customer", "waiting", "expiry", "rule_applied", "status_badge")
     list_display_links = ("order",)
     list_select_related = ("run__session__owner", "tool_call", "decided_by")
     list_filter = (QueueStatusFilter, "policy")
@@ -85,14 +85,14 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     list_per_page = 50
     show_full_result_count = False
     fieldsets = (
-        ("Decision", {"fields": ("status", "expiry", "rule", "policy", "requested_at", "expires_at", "decided_by", "decided_at",
+        ("Decision", {"fields": ("status", "expiry", "rule_applied", "policy", "requested_at", "expires_at", "decided_by", "decided_at",
                                  "note", "customer_message")}),
         ("What is asked", {"fields": ("tool", "arguments_pretty", "idempotency_key", "run_link", "session_link")}),
         ("What the run found (read tools)", {"fields": ("read_results",)}),
         ("Conversation (latest messages)", {"fields": ("conversation",)}),
     )
     readonly_fields = (
-        "expiry", "rule", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
+        "expiry", "rule_applied", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
     )
 
     def get_urls(self):
@@ -177,8 +177,9 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     def expiry(self, obj):
         return countdown(obj.expires_at) if obj.status == ApprovalStatus.PENDING else "—"
 
+    # Not `rule`: that is the Approval's own field (the agent rule's text), shown inside this.
     @admin.display(description="rule")
-    def rule(self, obj):
+    def rule_applied(self, obj):
         return applicable_rule(obj)
 
     @admin.display(description="status", ordering="status")

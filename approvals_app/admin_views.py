@@ -104,7 +104,7 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
         "refusal": refusal,
         "arguments": model_admin.arguments_pretty(approval),
         "read_results": model_admin.read_results(approval),
-        "rule": model_admin.rule(approval),
+        "rule": model_admin.rule_applied(approval),
         "expiry": countdown(approval.expires_at) if approval.status == ApprovalStatus.PENDING else "—",
         "change_url": change_url,
     }

@@ -9,11 +9,15 @@ import sys
 from importlib import import_module
 from pathlib import Path
 
+import httpx
 import pytest
 
 from engine.actions.agents import agent_save
+from runs_app.models import Run
 from tests.api.conftest import Api, grant
+from tests.engine.conftest import demo_world, procs  # noqa: F401 - the same real-process fixtures
 from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.processes import wait_for
 from tools_app import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +72,29 @@ def agent_admin_api(agent_admin):
 
 def define(definition: dict, *, by, agent=None):
     return agent_save(definition=definition, acting_user=by, agent=agent)
+
+
+class HttpApi:
+    """A machine client of the real web server: /api/v1 with a bearer key."""
+
+    def __init__(self, base_url: str, user):
+        self.client = httpx.Client(base_url=f"{base_url}/api/v1", timeout=30, trust_env=False,
+                                   headers={"Authorization": f"Bearer {ApiKeyFactory(owner=user).secret}"})
+
+    def post(self, path: str, body: dict):
+        return self.client.post(path, json=body)
+
+    def put(self, path: str, body: dict):
+        return self.client.put(path, json=body)
+
+    def get(self, path: str):
+        return self.client.get(path)
+
+
+def run_state(run_id) -> tuple[str, str]:
+    return tuple(Run.objects.filter(pk=run_id).values_list("status", "wait_reason").first() or ("", ""))
+
+
+def wait_for_run(run_id, status: str, wait_reason: str = "", *, timeout: float = 120):
+    return wait_for(lambda: run_state(run_id) == (status, wait_reason), timeout=timeout,
+                    message=f"run {run_id} to be {status}/{wait_reason}")

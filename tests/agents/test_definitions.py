@@ -7,8 +7,10 @@ from django.db import IntegrityError, InternalError, transaction
 from django.test import Client
 
 from approvals_app.models import AuditEntry
+from engine.actions.agents import AgentNotPermitted
 from runs_app.agents import AgentDefinitionInvalid, agent_definition_check, approval_rule_match
 from runs_app.models import Agent, AgentVersion
+from sessions_app.models import Session
 from tests.agents.conftest import define
 from tests.api.conftest import Api
 from tests.factories import ApiKeyFactory, UserFactory
@@ -106,8 +108,6 @@ def test_every_save_is_a_new_immutable_version_and_audited(agent_admin):
 
 
 def test_without_the_permission_nothing_is_defined(db):
-    from engine.actions.agents import AgentNotPermitted
-
     with pytest.raises(AgentNotPermitted):
         define(refund_agent(), by=UserFactory(username="nobody", is_staff=True))
     assert not Agent.objects.exists()
@@ -196,3 +196,18 @@ def test_the_admin_saves_a_version_each_time(agent_admin):
     viewer = UserFactory(username="viewer", is_staff=True)
     client.force_login(viewer)
     assert client.post("/admin/runs_app/agent/add/", _admin_form(name="Other")).status_code == 403
+
+
+# --- the console ---------------------------------------------------------------------------------------
+
+def test_the_consoles_new_session_picks_an_agent(agent_admin):
+    define(refund_agent(), by=agent_admin)
+    define(refund_agent(name="Weather", tools=["get_weather"], approval_rules={}), by=agent_admin)
+    customer = UserFactory(username="erin")
+    client = Client()
+    client.force_login(customer)
+    home = client.get("/console/").content.decode()
+    assert 'name="agent"' in home and ">Refunds (v1)<" in home and ">Weather (v1)<" in home
+    created = client.post("/console/sessions/new/", {"title": "weather", "agent": "weather"})
+    assert created.status_code == 302
+    assert Session.objects.get(owner=customer).agent.slug == "weather"

@@ -67,6 +67,8 @@ print(json.dumps({
     "demo_setup": refusal(lambda: call_command("demo_setup")),
     "seed_demo": refusal(lambda: call_command("seed_demo")),
     "simulator_application": refusal(lambda: __import__("tools_app.demo.asgi")),
+    "default_agent": settings.WARDEN_DEFAULT_AGENT,
+    "agents": list(apps.get_model("runs_app", "Agent").objects.values_list("slug", flat=True)),
 }))
 """
 
@@ -135,6 +137,8 @@ def test_a_deployment_without_demo_mode_has_no_demo_app_tools_data_or_sim_route(
     # Refused, so nothing of the demo world was created: no demo accounts, no orders.
     assert not get_user_model().objects.filter(username__in=["operator", "alice"]).exists()
     assert not SimOrder.objects.exists()
+    # No demo agent either, and no default agent a new session would get.
+    assert found["default_agent"] == "" and found["agents"] == []
 
 
 def test_the_demo_tools_cannot_be_named_without_demo_mode():
