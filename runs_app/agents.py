@@ -10,6 +10,7 @@ argument it would match: first match wins) — naming the field, so the admin an
 where. `approval_rule_match` is the run-time's evaluation of the rules on a call's validated
 arguments: the first rule whose condition holds decides who must approve, and why."""
 
+import json
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -335,6 +336,8 @@ def agent_definition_check(definition: dict) -> dict:
     options = definition.get("provider_options") or {}
     if not isinstance(options, dict):
         errors["provider_options"] = "a JSON object"
+    elif "\\u0000" in json.dumps(options, default=str):
+        errors["provider_options"] = "must not contain NUL characters"
     else:
         clean["provider_options"] = options
     tools = definition.get("tools")

@@ -3,6 +3,7 @@ cancel. Reads come from runs_app.selectors; the one write (cancel) goes through 
 cancel protocol."""
 
 import asyncio
+import json
 import time
 import uuid
 from datetime import datetime
@@ -15,7 +16,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 from django.http import StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import to_json
 
 from approvals_app.api import ApprovalOut
@@ -590,17 +591,25 @@ class AgentOut(Schema):
         return list(agent.versions.order_by("-number").values_list("number", flat=True))
 
 
+def _storable_json(value: dict) -> dict:
+    # PostgreSQL's jsonb cannot hold \u0000: refused here (422), not by the database (500).
+    if "\\u0000" in json.dumps(value):
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
 class AgentIn(BodyIn):
     """An agent's whole definition; saving it makes a new version (runs under way keep theirs)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    slug: str | None = Field(None, max_length=64, description="on create; derived from the name if left out")
+    slug: StorableText | None = Field(None, max_length=64, description="on create; derived from the name if left out")
     name: StorableText = Field(max_length=100)
     instructions: StorableText = Field(max_length=20_000)
-    provider: str | None = Field(None, max_length=32, description="a name in WARDEN_PROVIDERS; default WARDEN_MODEL_PROVIDER")
-    model: str = Field("", max_length=100)
-    provider_options: dict = Field(default_factory=dict)
+    provider: StorableText | None = Field(None, max_length=32,
+                                          description="a name in WARDEN_PROVIDERS; default WARDEN_MODEL_PROVIDER")
+    model: StorableText = Field("", max_length=100)
+    provider_options: Annotated[dict, AfterValidator(_storable_json)] = Field(default_factory=dict)
     tools: list[str] = Field(default_factory=list, description="registered tool names (WARDEN_TOOL_MODULES)")
     budgets: dict = Field(default_factory=dict)
     budget_limits: dict = Field(default_factory=dict)

@@ -2,6 +2,7 @@
 needs to judge a run, and its event log — scoped to what a user may see."""
 
 import functools
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -193,6 +194,8 @@ def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
 
 # --- agents ----------------------------------------------------------------------------------------
 
+AGENT_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
 @functools.lru_cache(maxsize=512)
 def agent_version_get(version_id: int) -> AgentVersion:
     """A version by id, kept per process: versions never change (the database refuses it), and a
@@ -218,7 +221,7 @@ def agent_list(*, user) -> list[Agent]:
 
 
 def agent_get(*, user, slug: str) -> Agent | None:
-    if not access.can_see_agents(user=user):
+    if not access.can_see_agents(user=user) or not AGENT_SLUG.fullmatch(slug or ""):
         return None
     return Agent.objects.select_related("current_version").filter(slug=slug, current_version__isnull=False).first()
 

@@ -105,7 +105,7 @@ class SessionDetailOut(SessionOut):
 
 class SessionIn(BodyIn):
     title: StorableText = Field("", max_length=200)
-    agent: str | None = Field(None, max_length=64, description="the slug of the agent its runs use (GET /agents); "
+    agent: StorableText | None = Field(None, max_length=64, description="the slug of the agent its runs use (GET /agents); "
                                                                "default: the deployment's (WARDEN_DEFAULT_AGENT)")
 
 
