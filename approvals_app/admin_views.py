@@ -145,6 +145,13 @@ def approvals_decide_action(model_admin, request, queryset, *, decision: str):
                 messages.warning(request, f"Not {decision}d — {approval.tool_call.tool_name} "
                                           f"({compact_arguments(approval.tool_call.arguments)}): {error.message}")
                 continue
+            approval.refresh_from_db(fields=["status"])
+            if approval.status == ApprovalStatus.PENDING:
+                # One approval of a quorum: recorded, it needs another operator before it runs.
+                messages.info(request, f"Your approval of {approval.tool_call.tool_name} "
+                                       f"({compact_arguments(approval.tool_call.arguments)}) is recorded: "
+                                       f"{len(approval_approvers(approval=approval))} of {approval.required_approvals} approvals.")
+                continue
             decided.append(approval.tool_call)
         if decided:
             messages.success(request, f"{len(decided)} request(s) — " + _decided_message(decision, decided))
