@@ -132,9 +132,10 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     winner. Approval resumes the run; rejection cancels the tool call and tells the model so, in
     plain words and with `customer_message` — never the `note`."""
     approval = _visible_approval(request, approval_id)
-    if approval.required_approvals > 1 and request.auth.pk in approval.decisions.values_list("decided_by_id", flat=True):
-        raise ApiError(409, "already_decided", "You have already approved this request; it needs another operator's approval.")
     if access.why_not_a_decider(user=request.auth, approval=approval):
+        if access.has_approved(user=request.auth, approval=approval):
+            # The caller's own approval of this quorum is in (perhaps from a request a moment ago): a conflict.
+            raise ApiError(409, "already_decided", access.ALREADY_APPROVED)
         raise ApiError(403, "not_permitted", "You may not decide this approval.")
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # The sweeper has not closed it yet, but its time is up: no decision can count now.

@@ -203,9 +203,18 @@ def why_not_a_decider(*, user, approval: Approval) -> str:
     # A quorum is of people other than the session's owner, whatever WARDEN_FOUR_EYES says.
     if (settings.WARDEN_FOUR_EYES or approval.required_approvals > 1) and user.pk == owner_id:
         return "Four eyes: you may not decide a request raised in your own session."
-    if approval.required_approvals > 1 and approval.decisions.filter(decided_by_id=user.pk).exists():
-        return "You have already approved this request; it needs another operator's approval."
+    if has_approved(user=user, approval=approval):
+        return ALREADY_APPROVED
     return ""
+
+
+ALREADY_APPROVED = "You have already approved this request; it needs another operator's approval."
+
+
+def has_approved(*, user, approval: Approval) -> bool:
+    """Whether `user` is one of a quorum approval's approvers already (a refusal that is a
+    conflict — their decision is in — not a lack of permission)."""
+    return approval.required_approvals > 1 and approval.decisions.filter(decided_by_id=user.pk).exists()
 
 
 def why_cannot_decide(*, user, approval: Approval) -> str:

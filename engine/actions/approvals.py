@@ -72,7 +72,7 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
     approval = Approval.objects.select_related("run__session", "tool_call").get(pk=approval.pk)
     refusal = access.why_not_a_decider(user=acting_user, approval=approval)
     if refusal:
-        raise ApprovalNotPermitted(refusal)
+        raise (ApprovalAlreadyDecided if access.has_approved(user=acting_user, approval=approval) else ApprovalNotPermitted)(refusal)
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # Past its expiry a request can no longer be approved, even if the sweeper has not
         # closed it yet: close it now and say so.
@@ -86,7 +86,7 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         # counted here is exact, so a quorum is reached once and executes once.
         if approval.required_approvals > 1 and approval.status == ApprovalStatus.PENDING:
             if ApprovalDecision.objects.filter(approval_id=approval.pk, decided_by_id=acting_user.pk).exists():
-                raise ApprovalAlreadyDecided("You have already approved this request; it needs another operator's approval.")
+                raise ApprovalAlreadyDecided(access.ALREADY_APPROVED)
             if Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).exists():
                 approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
                 approved = len(approval_approvers(approval=approval))
