@@ -172,8 +172,12 @@ if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": _cache_prefix}}
 else:
+    # Django culls a database cache at 300 keys by default, which would forget rate-limit counts
+    # once ~100 users are active; expired keys are culled instead, and a third of the table only
+    # past WARDEN_CACHE_MAX_ENTRIES (default 1,000,000).
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "warden_cache",
-                          "KEY_PREFIX": _cache_prefix}}
+                          "KEY_PREFIX": _cache_prefix,
+                          "OPTIONS": {"MAX_ENTRIES": _env_int("WARDEN_CACHE_MAX_ENTRIES", 1_000_000), "CULL_FREQUENCY": 3}}}
 # Per process: django-q2's cluster statistics, which it would otherwise write twice a second.
 CACHES["local"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 
