@@ -28,12 +28,11 @@ from sessions_app.console.actions import (
     console_message_post,
     console_run_cancel,
     console_run_get,
+    console_session_create,
     console_session_get,
-    console_text,
 )
 from sessions_app.console.presenters import console_run_view, consistent_snapshot
 from sessions_app.models import InputMode, PendingInput, Session
-from sessions_app.services import session_create
 
 LOGIN_URL = reverse_lazy("console:login")
 # Where console.js opens its socket (sessions_app.console.routing mounts the consumer here).
@@ -105,11 +104,10 @@ def console_home(request):
 @login_required(login_url=LOGIN_URL)
 def console_session_new(request):
     try:
-        title = console_text(request.POST.get("title"), field="title", limit=Session._meta.get_field("title").max_length)
+        session = console_session_create(user=request.user, title=request.POST.get("title"))
     except ConsoleError as error:
         _flash_error(request, error)
         return redirect("console:home")
-    session = session_create(owner=request.user, title=title or "New session")
     return redirect("console:session", session_id=session.pk)
 
 
