@@ -165,7 +165,7 @@ else:
     DATABASES["channels_postgres"] = {**_db, "TEST": {"MIRROR": "default"}}
 
 # CACHES: "default" is shared by every process, so a rate limit counts the requests of all of
-# them: Redis when REDIS_URL is set, otherwise a PostgreSQL table (sessions_app migration 0004).
+# them: Redis when REDIS_URL is set, otherwise a PostgreSQL table (sessions_app migration 0006).
 # WARDEN_CACHE_PREFIX: the prefix of this deployment's keys there (one Redis may serve several); default warden.
 _cache_prefix = os.environ.get("WARDEN_CACHE_PREFIX", "warden")
 if REDIS_URL:
