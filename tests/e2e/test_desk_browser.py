@@ -48,7 +48,17 @@ def look_at_every_desk_page(page, size: str, *, run: Run) -> None:
                        ("/admin/approvals_app/auditentry/", "desk-audit-trail"), ("/admin/sessions_app/session/", "desk-sessions")]:
         page.goto(path)
         assert not scrolls_sideways(page), f"{path} scrolls sideways at {size}"
+        assert not overlapping_cells(page), f"{path}: cells of a row overlap at {size}: {overlapping_cells(page)}"
         screenshot(page, name, size)
+
+
+def overlapping_cells(page) -> list[str]:
+    """Cells of a list row whose content spills over their neighbours (on a phone the rows are
+    grids of labelled cells, and a grid meant for a checkbox column squeezed a run's id under
+    its customer): content wider than its cell."""
+    return page.evaluate("""() => [...document.querySelectorAll('#result_list tbody td, #result_list tbody th')]
+        .filter(cell => cell.getBoundingClientRect().width > 0 && cell.scrollWidth > cell.clientWidth + 1)
+        .map(cell => cell.className + ': ' + cell.textContent.trim().slice(0, 30))""")
 
 
 def test_the_desk_at_1280_and_390_queue_search_dashboard_and_a_bulk_approval(live_system, chromium, desk_operator):
