@@ -160,8 +160,8 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
     tokens = Step.objects.filter(kind="model").aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
     assert value(found, "warden_model_tokens_total", provider="scripted", agent="default", direction="input") == tokens["i"] > 0
     assert value(found, "warden_model_tokens_total", provider="scripted", agent="default", direction="output") == tokens["o"] > 0
-    assert value(found, "warden_model_cost_usd_total", provider="scripted", agent="default") == pytest.approx(
-        (tokens["i"] * 3 + tokens["o"] * 15) / 1e6) > 0
+    cost = value(found, "warden_model_cost_usd_total", provider="scripted", agent="default")
+    assert cost == pytest.approx((tokens["i"] * 3 + tokens["o"] * 15) / 1e6) and cost > 0
 
     # Tool calls by tool and outcome.
     assert value(found, "warden_tool_calls_total", tool="query_order", effect="read", outcome="succeeded") == 1
