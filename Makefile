@@ -42,14 +42,13 @@ test: setup
 
 # Benchmarks are run by hand (never by the suite); results go to docs/BENCHMARKS.md and
 # docs/RELIABILITY.md. They drive the demo world, so they run in demo mode.
-bench bench-api bench-ws soak: export WARDEN_DEMO = 1
+bench bench-telemetry bench-api bench-ws soak: export WARDEN_DEMO = 1
 bench: migrate
 	$(PY) bench/engine_step.py
 
 # The same with tracing, JSON logs and metrics scrapes on (issue 15's overhead budget: <= 5 %).
 bench-telemetry: migrate
-	$(PY) bench/engine_step.py --telemetry off
-	$(PY) bench/engine_step.py --telemetry on
+	$(PY) bench/telemetry_overhead.py
 
 bench-api: migrate
 	$(PY) bench/runs_list.py

@@ -30,19 +30,21 @@ class _SettingsRateThrottle(SimpleRateThrottle):
 
     def allow_request(self, request) -> bool:
         ident = self.identity(request)
-        if ident is None:
-            return True
+        self._state.retry_after = None if ident is None else self.hit(ident)
+        return self._state.retry_after is None
+
+    def hit(self, ident: str) -> int | None:
+        """Count one request of `ident`; None when it is within the limit, else the seconds
+        until it would be."""
         limit, window = self.parse_rate(getattr(settings, self.setting))
         key = f"throttle:{self.scope}:{ident}"
         now = time.time()
         history = [stamp for stamp in cache.get(key, []) if stamp > now - window]
-        self._state.retry_after = None
         if len(history) >= limit:
             # Free again when the oldest request in the window leaves it.
-            self._state.retry_after = max(1, math.ceil(min(history) + window - now))
-            return False
+            return max(1, math.ceil(min(history) + window - now))
         cache.set(key, [now, *history], window)
-        return True
+        return None
 
     def wait(self) -> float | None:
         return getattr(self._state, "retry_after", None)
@@ -85,3 +87,11 @@ class UserWriteRateThrottle(_SettingsRateThrottle):
 
 
 API_THROTTLES = [ApiKeyRateThrottle(), UserRateThrottle(), UserWriteRateThrottle()]
+_USER_WRITES = API_THROTTLES[2]
+
+
+def user_write_throttled(user) -> int | None:
+    """The console's changes (new sessions, messages, cancels, decisions over its pages and its
+    socket) count against the same per-user write limit as the API's: None when this one is
+    within it, else the seconds until it would be."""
+    return _USER_WRITES.hit(str(user.pk))

@@ -1,6 +1,7 @@
 """OpenTelemetry traces (docs/OPERATIONS.md, "Traces"): off unless the standard OTEL_* variables
 ask for them (settings.WARDEN_TRACING). On, every process exports its spans through the SDK's
-batch processor: Django requests, psycopg statements and httpx calls (the instrumentations), and
+batch processor: Django requests and httpx calls (the instrumentations; psycopg's SQL statements
+too with WARDEN_TRACE_SQL), and
 the engine's own spans — a run's time slice, each model call, each tool call — tagged with the
 run, session, step and tool-call ids and the lease token (`span`).
 
@@ -23,12 +24,14 @@ def tracing_enabled() -> bool:
     return _state["enabled"]
 
 
-def tracing_setup(*, exporter=None, batch: bool | None = None) -> bool:
+def tracing_setup(*, exporter=None, batch: bool | None = None, sql: bool | None = None) -> bool:
     """Install the SDK's tracer provider and the instrumentations, once per process (again after
     a fork: django-q2 forks its workers, and a batch processor's thread does not survive that).
     `exporter` is for tests and the benchmark (exported synchronously unless `batch`); otherwise
     OTEL_TRACES_EXPORTER picks `otlp` (http/protobuf, the default when an endpoint is set) or
-    `console`, behind the SDK's batch processor."""
+    `console`, behind the SDK's batch processor. A span per SQL statement (the psycopg
+    instrumentation) only with `sql` (default: settings.WARDEN_TRACE_SQL): at ~11 statements per
+    engine step they cost ~15 % of a step's time, the engine's own spans ~3 % (docs/BENCHMARKS.md)."""
     if _state["pid"] == os.getpid() and exporter is None:
         return _state["enabled"]
     _state["pid"] = os.getpid()
@@ -44,7 +47,7 @@ def tracing_setup(*, exporter=None, batch: bool | None = None) -> bool:
         exporter, batch = _configured_exporter(), True
     provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     _set_provider(provider)
-    _instrument()
+    _instrument(sql=settings.WARDEN_TRACE_SQL if sql is None else sql)
     _state["enabled"] = True
     return True
 
@@ -87,8 +90,14 @@ def _instrumentors() -> list:
     return [DjangoInstrumentor(), PsycopgInstrumentor(), HTTPXClientInstrumentor()]  # singletons
 
 
-def _instrument() -> None:
+def _instrument(*, sql: bool) -> None:
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
     for instrumentor in _instrumentors():
+        if isinstance(instrumentor, PsycopgInstrumentor) and not sql:
+            if instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.uninstrument()
+            continue
         if not instrumentor.is_instrumented_by_opentelemetry:
             try:
                 instrumentor.instrument()

@@ -15,7 +15,7 @@ from config.logs import log_context
 from config.tracing import span, span_set
 from engine.actions.runs import run_end
 from engine.checkpoint import Checkpoint, RunFailure, StopDriving, model_calls_used
-from engine.context import context_build
+from engine.context import BuiltContext, context_build
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
 from engine.lease import Heartbeat, Lease
@@ -159,23 +159,21 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
     provider = get_provider(run.provider)
     version = run_agent_version(run)
     offered = run_offered_tools(run)
-    built = context_build(session_id=run.session_id, provider=provider,
-                          instructions=version.instructions if version is not None else None)
-    if built.summary_tokens:
-        _charge(run=run, lease=lease, tokens=built.summary_tokens)
-    tools = tool_schemas(offered)
-    # What the model was shown, beside what it saw of the history: its agent version and tools.
-    built.manifest |= {"tools": [t["function"]["name"] for t in tools],
-                       "agent_version": version.pk if version is not None else None}
-    request = ModelRequest(
-        messages=built.messages,
-        tools=tools,
-        run_id=str(run.id),
-        call_index=run.model_calls - 1,
-        options=run.provider_options or {},
-        max_output_tokens=output_token_limit(run),
-    )
     try:
+        built = _context(run=run, lease=lease, provider=provider,
+                         instructions=version.instructions if version is not None else None)
+        tools = tool_schemas(offered)
+        # What the model was shown, beside what it saw of the history: its agent version and tools.
+        built.manifest |= {"tools": [t["function"]["name"] for t in tools],
+                           "agent_version": version.pk if version is not None else None}
+        request = ModelRequest(
+            messages=built.messages,
+            tools=tools,
+            run_id=str(run.id),
+            call_index=run.model_calls - 1,
+            options=run.provider_options or {},
+            max_output_tokens=output_token_limit(run),
+        )
         with log_context(step=step.index), span(
             "model.call", run_id=run.id, session_id=run.session_id, step=step.index, step_id=step.pk,
             lease_token=lease.token, provider=run.provider, model_call=run.model_calls,
@@ -198,6 +196,19 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
         return _rejected(cp=cp, lease=lease, step=step, result=result, problem=problem, manifest=built.manifest,
                          limit=request.max_output_tokens)
     return _commit_turn(run=run, lease=lease, step=step, result=result, manifest=built.manifest)
+
+
+def _context(*, run: Run, lease: Lease, provider, instructions: str | None) -> BuiltContext:
+    """The context for the next call. Summarizing an outgrown history is itself a model call:
+    when it fails, the turn takes the same way as a broken stream (a transient error backs off
+    and is asked again, a permanent one fails the run), never the loop's internal error."""
+    try:
+        built = context_build(session_id=run.session_id, provider=provider, instructions=instructions)
+    except (TransientModelError, PermanentModelError) as error:
+        raise _StreamBroken(error, StreamResult()) from error
+    if built.summary_tokens:
+        _charge(run=run, lease=lease, tokens=built.summary_tokens)
+    return built
 
 
 def _charge(*, run: Run, lease: Lease, tokens: int) -> None:

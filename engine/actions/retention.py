@@ -16,8 +16,8 @@ from django.db.models import QuerySet
 
 from approvals_app.models import Approval, ApprovalDecision, AuditEntry
 from approvals_app.services import audit_record
-from runs_app.models import ACTIVE_STATUSES, ContextSummary, Run, RunEvent, Step
-from sessions_app.models import Message, PendingInput, Session
+from runs_app.models import ACTIVE_STATUSES, ContextSummary, Run, RunEvent, Step, WebhookAttempt, WebhookDelivery
+from sessions_app.models import IdempotencyRecord, Message, PendingInput, Session
 from sessions_app.services import session_lock
 from tools_app.models import ToolCall
 
@@ -49,7 +49,20 @@ def session_archive_record(session: Session) -> dict:
         "approvals": _rows(Approval.objects.filter(run__in=runs).order_by("requested_at")),
         "approval_decisions": _rows(ApprovalDecision.objects.filter(approval__run__in=runs).order_by("id")),
         "audit": _rows(AuditEntry.objects.filter(run__in=runs).order_by("created_at")),
+        "webhook_deliveries": _rows(WebhookDelivery.objects.filter(run__in=runs).order_by("created_at")),
     }
+
+
+def _idempotency_records(session: Session, runs) -> QuerySet[IdempotencyRecord]:
+    """Stored API responses about the session or its runs (their bodies hold its messages): its
+    owner's records whose path or response names the session or one of its runs."""
+    ids = [str(session.pk), *(str(pk) for pk in runs.values_list("pk", flat=True))]
+    about = [
+        record.pk
+        for record in IdempotencyRecord.objects.filter(owner_id=session.owner_id).only("pk", "path", "response_body")
+        if any(i in record.path or i.encode() in bytes(record.response_body) for i in ids)
+    ]
+    return IdempotencyRecord.objects.filter(pk__in=about)
 
 
 def sessions_erase(*, sessions: QuerySet[Session], archive: IO[str], acting_user=None, reason: str) -> ErasureReport:
@@ -84,6 +97,10 @@ def _erase(session: Session) -> None:
         cursor.execute("SET LOCAL warden.erasure = 'on'")
     runs = Run.objects.filter(session=session)
     AuditEntry.objects.filter(run__in=runs).update(run=None)
+    # Notifications about the runs carry their text too; their delivery log goes with them.
+    WebhookAttempt.objects.filter(delivery__run__in=runs).delete()
+    WebhookDelivery.objects.filter(run__in=runs).delete()
+    _idempotency_records(session, runs).delete()
     RunEvent.objects.filter(run__in=runs).delete()
     ApprovalDecision.objects.filter(approval__run__in=runs).delete()
     Approval.objects.filter(run__in=runs).delete()

@@ -14,7 +14,15 @@ from runs_app.events import RunEventType
 from runs_app.models import (
     ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Agent, AgentVersion, Run, RunStatus, Step, StepStatus,
 )
-from runs_app.services import run_create, run_transition, run_write, step_transition
+from runs_app.services import (
+    RunBudgetsOverCap,
+    run_budgets_over_caps,
+    run_create,
+    run_transition,
+    run_write,
+    step_transition,
+)
+from sessions_app import access
 from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
@@ -77,7 +85,12 @@ def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str
     session (SPEC §16): it starts from the session's history — what the old run learnt is there —
     and a write the old run applied is reused by its idempotency key, never made again
     (engine.tool_exec.tool_calls_create). The new run links to the old one; the retry is
-    audited, naming who asked. The budgets are the old run's unless given."""
+    audited, naming who asked. The budgets are the old run's unless given; given ones are held to
+    the deployment's caps (RunBudgetsOverCap) unless the caller may exceed them, as when posting a
+    message, and the new run records who set them."""
+    if budgets and not access.may_exceed_budget_caps(acting_user):
+        if over := run_budgets_over_caps(budgets=budgets):
+            raise RunBudgetsOverCap(over)
     with transaction.atomic():
         session_lock(session_id=run.session_id)
         run = Run.objects.select_for_update().get(pk=run.pk)
@@ -88,7 +101,8 @@ def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str
         limits = {"max_model_calls": run.max_model_calls, "max_tokens": run.max_tokens, **(budgets or {})}
         # The retry goes on with what the run was started with: its agent version too.
         retry = run_create(session=run.session, created_by=acting_user, provider=run.provider,
-                           provider_options=run.provider_options, budgets=limits, agent_version=run.agent_version)
+                           provider_options=run.provider_options, budgets=limits, agent_version=run.agent_version,
+                           budgets_set_by=acting_user if budgets else run.budgets_set_by)
         Run.objects.filter(pk=retry.pk).update(retry_of=run)
         retry.retry_of = run
         run_write(run_id=run.id, events=[(RunEventType.RUN_RETRIED, {"retry": str(retry.id),

@@ -7,13 +7,14 @@ import uuid
 from approvals_app.models import Approval
 from approvals_app.services import ApprovalError
 from config.api_base import storable_text
+from config.throttling import user_write_throttled
 from engine.actions.approvals import approval_decide
 from engine.actions.cancel import RunNotCancellable, run_cancel_request
 from engine.actions.messages import PostResult, message_post
 from runs_app.models import Run
 from sessions_app import access
 from sessions_app.models import InputMode, Session
-from sessions_app.services import MAX_MESSAGE_CHARS, SessionError
+from sessions_app.services import MAX_MESSAGE_CHARS, SessionError, session_create
 
 # As the API's: a cancel reason and a decision note.
 CANCEL_REASON_CHARS = 300
@@ -49,6 +50,19 @@ def uuid_or_none(value) -> uuid.UUID | None:
         return None
 
 
+def console_write_counted(user) -> None:
+    """Every change made in the console counts against the user's write limit, shared with the
+    API (WARDEN_API_WRITE_RATE_PER_USER): over it, the change is refused and nothing is written."""
+    if (retry_after := user_write_throttled(user)) is not None:
+        raise ConsoleError("throttled", f"Too many changes in a short time (rate limit); try again in {retry_after} s.")
+
+
+def console_session_create(*, user, title, agent=None) -> Session:
+    title = console_text(title, field="title", limit=Session._meta.get_field("title").max_length)
+    console_write_counted(user)
+    return session_create(owner=user, title=title or "New session", agent=agent)
+
+
 def console_session_get(*, user, session_id) -> Session:
     """The session if `user` may see it. Someone else's session is reported exactly like a
     missing one, so its existence does not leak."""
@@ -72,6 +86,7 @@ def console_message_post(*, user, session_id, content: str, mode: str) -> PostRe
     if not access.can_post_in_session(user=user, session=session):
         raise ConsoleError("forbidden", "Only the session's owner can write in it.")
     content = console_text(content, field="message", limit=MAX_MESSAGE_CHARS)
+    console_write_counted(user)
     try:
         return message_post(session=session, content=content, mode=mode or InputMode.AUTO, acting_user=user)
     except SessionError as error:
@@ -83,6 +98,7 @@ def console_run_cancel(*, user, run_id, reason: str = "") -> Run:
     if not access.can_cancel_run(user=user, run=run, even_if_ended=True):
         raise ConsoleError("forbidden", "Only the session's owner or an operator can cancel this run.")
     reason = console_text(reason, field="reason", limit=CANCEL_REASON_CHARS)
+    console_write_counted(user)
     try:
         return run_cancel_request(run=run, acting_user=user, reason=reason or "cancelled from the console")
     except RunNotCancellable as error:
@@ -97,6 +113,7 @@ def console_approval_decide(*, user, approval_id, decision: str, note: str = "")
     if decision not in ("approve", "reject"):
         raise ConsoleError("bad_request", "decision must be 'approve' or 'reject'.")
     note = console_text(note, field="note", limit=DECISION_NOTE_CHARS)
+    console_write_counted(user)
     try:
         return approval_decide(approval=approval, decision=decision, note=note, acting_user=user)
     except ApprovalError as error:

@@ -29,12 +29,11 @@ from sessions_app.console.actions import (
     console_message_post,
     console_run_cancel,
     console_run_get,
+    console_session_create,
     console_session_get,
-    console_text,
 )
 from sessions_app.console.presenters import console_run_view, consistent_snapshot
 from sessions_app.models import InputMode, PendingInput, Session
-from sessions_app.services import session_create
 
 LOGIN_URL = reverse_lazy("console:login")
 # Where console.js opens its socket (sessions_app.console.routing mounts the consumer here).
@@ -108,18 +107,17 @@ def console_home(request):
 @require_POST
 @login_required(login_url=LOGIN_URL)
 def console_session_new(request):
-    try:
-        title = console_text(request.POST.get("title"), field="title", limit=Session._meta.get_field("title").max_length)
-    except ConsoleError as error:
-        _flash_error(request, error)
-        return redirect("console:home")
     agent = None
     if request.POST.get("agent"):
         agent = agent_get(user=request.user, slug=request.POST["agent"])
         if agent is None:
             _flash_error(request, ConsoleError("unknown_agent", "There is no such agent; pick one from the list."))
             return redirect("console:home")
-    session = session_create(owner=request.user, title=title or "New session", agent=agent)
+    try:
+        session = console_session_create(user=request.user, title=request.POST.get("title"), agent=agent)
+    except ConsoleError as error:
+        _flash_error(request, error)
+        return redirect("console:home")
     return redirect("console:session", session_id=session.pk)
 
 

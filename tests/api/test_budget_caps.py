@@ -106,3 +106,40 @@ def test_the_admin_shows_who_set_a_runs_budgets(alice, alice_api):
     page = desk.get(f"/admin/runs_app/run/{chosen.pk}/change/").content.decode()
     assert "budgets set by" in page.lower() and "alice, in their request" in page
     assert "the deployment&#x27;s defaults" in desk.get(f"/admin/runs_app/run/{defaults.pk}/change/").content.decode()
+
+
+def retry(api, run, budgets):
+    return api.post(f"/runs/{run.pk}/retry", {"reason": "try again", "budgets": budgets})
+
+
+def test_retrying_a_run_cannot_raise_its_budgets_above_the_caps(alice, alice_api):
+    """The caps hold on every path that starts a run: a customer who cancels their own run and
+    retries it with the finding's budgets is refused, and no new run exists."""
+    ended = RunFactory(session=SessionFactory(owner=alice), status="cancelled", phase="", wait_reason="",
+                       finished_at=timezone.now())
+    response = retry(alice_api, ended, {"max_model_calls": 1000, "max_tokens": 10_000_000})
+    assert response.status_code == 422, response.content
+    body = response.json()
+    assert body["code"] == "budget_over_cap"
+    assert {f["field"] for f in body["fields"]} == {"body.budgets.max_model_calls", "body.budgets.max_tokens"}
+    assert "WARDEN_MODEL_CALLS_CAP" in body["message"]
+    assert Run.objects.filter(session=ended.session).count() == 1
+
+
+def test_a_retry_within_the_caps_records_who_set_its_budgets(alice, alice_api):
+    ended = RunFactory(session=SessionFactory(owner=alice), status="failed", phase="", wait_reason="",
+                       error_code="internal_error", finished_at=timezone.now())
+    response = retry(alice_api, ended, {"max_model_calls": 50})
+    assert response.status_code == 201, response.content
+    new = Run.objects.get(pk=response.json()["id"])
+    assert (new.max_model_calls, new.budgets_set_by, new.retry_of_id) == (50, alice, ended.pk)
+
+
+def test_only_the_permission_lets_a_retry_go_above_the_caps(alice, alice_api):
+    grant(alice, ("runs_app", "exceed_budget_caps"))
+    ended = RunFactory(session=SessionFactory(owner=alice), status="cancelled", phase="", wait_reason="",
+                       finished_at=timezone.now())
+    response = retry(alice_api, ended, {"max_model_calls": 1000})
+    assert response.status_code == 201, response.content
+    new = Run.objects.get(pk=response.json()["id"])
+    assert (new.max_model_calls, new.budgets_set_by) == (1000, alice)

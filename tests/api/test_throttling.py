@@ -5,14 +5,20 @@ Retry-After. The count lives in the shared cache, so every web process adds to t
 The suite runs with limits nobody reaches (tests/settings.py); these tests set low ones. Windows
 are an hour long so a slow machine cannot let a request slip out of one mid-test."""
 
+import json
+import os
+import subprocess
+import sys
+
 import httpx
 import pytest
+from django.core.cache.backends.db import DatabaseCache
 from django.test import Client, override_settings
 
 from tests.api.conftest import Api
 from tests.console.helpers import REDIS_TEST_URL, require_redis
 from tests.factories import ApiKeyFactory, UserFactory
-from tests.support.processes import ProcessGroup
+from tests.support.processes import ROOT, ProcessGroup
 
 pytestmark = pytest.mark.django_db
 
@@ -91,3 +97,23 @@ def test_the_limit_counts_the_requests_of_every_web_process(cache, request):
     finally:
         for group in groups:
             group.stop_all()
+
+
+def test_the_database_cache_keeps_the_counts_of_many_users():
+    """Without Redis the counts live in PostgreSQL's cache table, which Django culls at 300 keys
+    unless told otherwise: with ~100 active users the limits would stop holding. The deployment's
+    own cache settings (read with REDIS_URL unset) keep every count of 1,000 users."""
+    env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
+    printed = subprocess.run(
+        [sys.executable, "-c", "import django, json; django.setup(); from django.conf import settings; "
+         "print(json.dumps(settings.CACHES['default']))"],
+        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "config.settings", "WARDEN_DEMO": "1"},
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    deployed = json.loads(printed.strip().splitlines()[-1])
+    assert deployed["BACKEND"] == "django.core.cache.backends.db.DatabaseCache"
+    table = DatabaseCache(deployed["LOCATION"], {**deployed, "KEY_PREFIX": "test-many-users"})
+    for user in range(1000):
+        table.set(f"throttle_user_{user}", 1, 3600)
+    assert table.get("throttle_user_0") == 1 and table.get("throttle_user_999") == 1
+    table.delete_many([f"throttle_user_{user}" for user in range(1000)])

@@ -108,9 +108,10 @@ def test_the_customer_never_sees_the_operators_note_live_or_reloaded(live_system
     assert INTERNAL_NOTE in desk.inner_text(f"{section} .approval")
 
 
-def test_the_api_docs_render_with_no_network(procs, chromium):
+@pytest.mark.parametrize("size", ["desktop", "phone"])
+def test_the_api_docs_render_with_no_network(procs, chromium, size):
     procs.start_web()
-    page = browser_page(chromium, procs.base_url, "desktop")
+    page = browser_page(chromium, procs.base_url, size)
     ours = urlparse(procs.base_url).netloc
     elsewhere = []
 
@@ -128,4 +129,4 @@ def test_the_api_docs_render_with_no_network(procs, chromium):
     page.wait_for_selector(".swagger-ui .opblock-tag")  # the operations, from the local openapi.json
     assert page.locator(".swagger-ui .opblock").count() > 10
     assert elsewhere == [], elsewhere
-    screenshot(page, "api-docs-offline", "desktop")
+    screenshot(page, "api-docs-offline", size)

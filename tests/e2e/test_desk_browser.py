@@ -48,7 +48,17 @@ def look_at_every_desk_page(page, size: str, *, run: Run) -> None:
                        ("/admin/approvals_app/auditentry/", "desk-audit-trail"), ("/admin/sessions_app/session/", "desk-sessions")]:
         page.goto(path)
         assert not scrolls_sideways(page), f"{path} scrolls sideways at {size}"
+        assert not overlapping_cells(page), f"{path}: cells of a row overlap at {size}: {overlapping_cells(page)}"
         screenshot(page, name, size)
+
+
+def overlapping_cells(page) -> list[str]:
+    """Cells of a list row whose content spills over their neighbours (on a phone the rows are
+    grids of labelled cells, and a grid meant for a checkbox column squeezed a run's id under
+    its customer): content wider than its cell."""
+    return page.evaluate("""() => [...document.querySelectorAll('#result_list tbody td, #result_list tbody th')]
+        .filter(cell => cell.getBoundingClientRect().width > 0 && cell.scrollWidth > cell.clientWidth + 1)
+        .map(cell => cell.className + ': ' + cell.textContent.trim().slice(0, 30))""")
 
 
 def test_the_desk_at_1280_and_390_queue_search_dashboard_and_a_bulk_approval(live_system, chromium, desk_operator):
@@ -92,7 +102,26 @@ def test_the_desk_at_1280_and_390_queue_search_dashboard_and_a_bulk_approval(liv
         screenshot(page, "desk-search-by-order", size)
 
         look_at_every_desk_page(page, size, run=by_order["9534"])
+
+        # The pages a decision goes through, looked at (not confirmed) at this size: one request's
+        # approve and reject pages, and the bulk confirmation of all three.
+        for verb in ("approve", "reject"):
+            page.goto(f"{QUEUE}{oldest.pk}/{verb}/")
+            page.wait_for_selector("#decide-form")
+            screenshot(page, f"desk-{verb}-one-request", size)
+            assert page.is_visible("#confirm-decision") and inside_viewport_horizontally(page, "#confirm-decision")
+            assert not scrolls_sideways(page), f"the {verb} page scrolls sideways at {size}"
+        page.goto(QUEUE)
+        for run in runs:
+            page.check(f'input[name="_selected_action"][value="{approval_of(run).pk}"]')
+        page.select_option('select[name="action"]', "approve_selected")
+        page.click('button[name="index"]')
+        page.wait_for_selector("#decide-form")
+        assert page.locator("#bulk-rows tbody tr").count() == 3
+        screenshot(page, "desk-bulk-approve-confirmation", size)
+        assert inside_viewport_horizontally(page, "#confirm-decision") and not scrolls_sideways(page)
         page.context.close()
+    assert Approval.objects.filter(pk__in=[approval_of(run).pk for run in runs], status=ApprovalStatus.PENDING).count() == 3
 
     # A bulk approval of the three refunds, each decided (and audited) on its own, booked by the workers.
     page = browser_page(chromium, procs.base_url, "desktop")
@@ -164,6 +193,10 @@ def test_demo_buttons_make_reconciliation_need_a_person_who_settles_it_on_the_de
         assert not scrolls_sideways(desk)
         screenshot(desk, "desk-unknown-call-waiting-for-a-person", size)
         if size == "phone":
+            desk.click(record)  # the record-outcome form, looked at on a phone (not sent)
+            desk.wait_for_selector("#confirm-outcome")
+            assert inside_viewport_horizontally(desk, "#confirm-outcome") and not scrolls_sideways(desk)
+            screenshot(desk, "desk-record-outcome", "phone")
             desk.context.close()
     desk.click(record)
     desk.check('input[name="outcome"][value="applied"]')

@@ -7,15 +7,17 @@ simulated payment service is served over real HTTP by its own server in this pro
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus
 from engine.loop import run_drive
 from engine.sweeper import sweep_once
-from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepStatus, WaitReason
+from runs_app.models import ContextSummary, Run, RunErrorCode, RunEvent, RunStatus, Step, StepStatus, WaitReason
 from engine.actions.messages import message_post
-from sessions_app.services import session_create
+from sessions_app.models import Message, MessageRole
+from sessions_app.services import messages_append, session_create
 from tests.factories import UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
@@ -229,3 +231,48 @@ def test_the_openai_context_marks_an_addition_so_the_answer_covers_the_whole_req
     model_calls = [r for r in server.requests if r.get("stream")]  # not the classification of the addition
     first = [m for m in model_calls[0]["messages"] if m["role"] == "user"]
     assert [m["content"] for m in first] == ["What's the weather in Paris?", SUPPLEMENT_NOTE + "Also check order 9528"]
+
+
+@pytest.fixture
+def flaky_summaries(sim, settings):
+    from tests.support import flaky_summaries
+
+    settings.WARDEN_PROVIDERS = {**settings.WARDEN_PROVIDERS, "flaky-summary": "tests.support.flaky_summaries.FlakySummaryProvider"}
+    settings.WARDEN_MODEL_PROVIDER = "flaky-summary"
+    settings.WARDEN_CONTEXT_TOKENS = 1500
+    flaky_summaries.SUMMARY_FAULTS[:] = []
+    yield flaky_summaries.SUMMARY_FAULTS
+    flaky_summaries.SUMMARY_FAULTS[:] = []
+
+
+def _long_session_run(text: str) -> Run:
+    user = UserFactory()
+    session = session_create(owner=user, title="long")
+    with transaction.atomic():
+        messages_append(session_id=session.pk, messages=[
+            Message(role=MessageRole.USER if n % 2 == 0 else MessageRole.ASSISTANT,
+                    content=f"message {n}: order {1000 + n} was discussed at some length, " + "details " * 8)
+            for n in range(120)
+        ])
+    return message_post(session=session, content=text, acting_user=user, provider_options={"delay": 0}).run
+
+
+def test_a_summary_the_provider_cannot_make_yet_backs_off_like_any_model_call(flaky_summaries):
+    """Summarizing an outgrown history is a model call: a 503 from it suspends the run in
+    retry_backoff (before: the loop's internal error failed the run), and the next try
+    summarizes and completes."""
+    flaky_summaries.append("transient")
+    run = _long_session_run("please run noop 1")
+    run_drive(run_id=str(run.id))
+    run.refresh_from_db()
+    assert (run.status, run.wait_reason, run.model_retries) == (RunStatus.WAITING, WaitReason.RETRY_BACKOFF, 1)
+    assert not ContextSummary.objects.filter(session_id=run.session_id).exists()
+    run = drive(run)
+    assert run.status == RunStatus.COMPLETED, (run.error_code, run.error_detail)
+    assert ContextSummary.objects.filter(session_id=run.session_id).exists()
+
+
+def test_a_summary_the_provider_refuses_fails_the_run_as_a_model_error(flaky_summaries):
+    flaky_summaries.append("permanent")
+    run = drive(_long_session_run("please run noop 1"))
+    assert (run.status, run.error_code) == (RunStatus.FAILED, RunErrorCode.MODEL_ERROR)

@@ -3,6 +3,7 @@ stalled mid-stream and taken over (its late write refused), and the refund of SP
 approval, a gateway timeout, reconciliation. Every family of issue 15 is asserted against what
 the database says happened, scraped over HTTP from the real web server."""
 
+import json
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from engine.actions.messages import message_post
 from runs_app.models import ProcessHeartbeat, ProcessRole, Run, RunEvent, RunStatus, Step, WaitReason
 from sessions_app.api_keys import api_key_create
 from sessions_app.services import session_create
+from tests.console.helpers import ConsoleSocket, open_socket
 from tests.factories import ToolCallFactory, UserFactory
 from tests.operations.conftest import samples, value
 from tests.support.processes import wait_for
@@ -59,6 +61,8 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
     heartbeat_thread_stop()
     ProcessHeartbeat.objects.filter(pid=os.getpid()).delete()
     customer = UserFactory(username="metrics-customer")
+    # Prices per million tokens, read by the web process that answers the scrape.
+    procs.base_env["WARDEN_MODEL_PRICES"] = json.dumps({"scripted": {"input": 3, "output": 15}})
     procs.start_web()
 
     # A worker stalls mid-stream; the sweeper revokes its lease, a successor finishes the run,
@@ -97,14 +101,18 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     wait_for(streaming.is_set, message="the SSE stream to start")
-    waiting = wait_for(lambda: (lambda s: s if value(s, "warden_live_clients", transport="sse") == 1 else None)(
-        _scrape(procs.base_url)), timeout=60, message="the SSE client to be counted")
+    # …and by the customer's console, over its websocket.
+    console = ConsoleSocket(open_socket(procs, user=customer))
+    console.subscribe(refund.session_id)
+    waiting = wait_for(lambda: (lambda s: s if value(s, "warden_live_clients", transport="sse") == 1
+                                and value(s, "warden_live_clients", transport="websocket") == 1 else None)(
+        _scrape(procs.base_url)), timeout=60, message="the SSE client and the console to be counted")
     approval = Approval.objects.get(run=refund, status=ApprovalStatus.PENDING)
     assert value(waiting, "warden_approvals_pending", policy="operator") == 1
     age = value(waiting, "warden_approval_oldest_pending_age_seconds", policy="operator")
     assert 0 < age <= _seconds(timezone.now() - approval.requested_at)
     assert value(waiting, "warden_runs", status="waiting", phase="", wait_reason="approval") == 1
-    assert value(waiting, "warden_live_clients", transport="websocket") == 0
+    console.connection.close()
     stop.set()
 
     sim_fault_set(target="refund", mode="timeout_after_booking", delay_seconds=3.0, count=1)
@@ -121,7 +129,8 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
         last["scrape"] = found = _scrape(procs.base_url)
         ok = (value(found, "warden_queue_pickup_seconds_count") == claims
               and value(found, "warden_worker_tasks_total", outcome="completed") == 2  # flushed with the worker's next beat
-              and value(found, "warden_live_clients", transport="sse") == 0)
+              and value(found, "warden_live_clients", transport="sse") == 0
+              and value(found, "warden_live_clients", transport="websocket") == 0)
         return found if ok else None
 
     try:
@@ -151,7 +160,8 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
     tokens = Step.objects.filter(kind="model").aggregate(i=Sum("input_tokens"), o=Sum("output_tokens"))
     assert value(found, "warden_model_tokens_total", provider="scripted", agent="default", direction="input") == tokens["i"] > 0
     assert value(found, "warden_model_tokens_total", provider="scripted", agent="default", direction="output") == tokens["o"] > 0
-    assert value(found, "warden_model_cost_usd_total", provider="scripted", agent="default") == 0
+    cost = value(found, "warden_model_cost_usd_total", provider="scripted", agent="default")
+    assert cost == pytest.approx((tokens["i"] * 3 + tokens["o"] * 15) / 1e6) and cost > 0
 
     # Tool calls by tool and outcome.
     assert value(found, "warden_tool_calls_total", tool="query_order", effect="read", outcome="succeeded") == 1

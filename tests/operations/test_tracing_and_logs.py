@@ -22,10 +22,12 @@ from tools_app.models import ToolCall
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def spans():
+@pytest.fixture(params=[False, True], ids=["default", "sql-spans"])
+def spans(request):
+    """Tracing on, exported in memory; SQL statement spans (WARDEN_TRACE_SQL) off, then on."""
     exporter = InMemorySpanExporter()
-    tracing_setup(exporter=exporter)
+    exporter.sql = request.param
+    tracing_setup(exporter=exporter, sql=request.param)
     connection.close()  # the next connection is opened through the psycopg instrumentation
     yield exporter
     tracing_reset()
@@ -63,12 +65,13 @@ def test_a_runs_spans_nest_model_and_tool_calls_under_its_time_slice(procs, demo
     (tool,) = tools
     assert tool.attributes["warden.tool_call"] == str(call.id) and tool.attributes["warden.tool"] == "get_weather"
     assert tool.attributes["warden.tool_call_id"] == call.tool_call_id and tool.attributes["warden.step_id"] == call.step_id
-    # The instrumentations: the tool's HTTP request (httpx) and the engine's SQL (psycopg) nest too.
+    # The instrumentations: the tool's HTTP request (httpx) nests too, and with WARDEN_TRACE_SQL
+    # the engine's SQL (psycopg); without it no statement has a span of its own.
     http = [s for s in finished if s.parent is not None and s.parent.span_id == tool.context.span_id]
     assert http and all(s.attributes.get("http.request.method", s.attributes.get("http.method")) == "GET" for s in http)
     sql = [s for s in finished if s.parent is not None and s.parent.span_id == root.context.span_id
            and s.attributes.get("db.system", s.attributes.get("db.system.name")) == "postgresql"]
-    assert sql
+    assert bool(sql) is spans.sql
 
 
 def test_a_workers_log_lines_are_json_and_carry_the_run(procs, demo_world):
