@@ -54,6 +54,9 @@ LIST_ENDPOINTS = {
 }
 # Endpoints that address no existing object.
 OTHER_ENDPOINTS = {("GET", "/me"), ("POST", "/sessions")}
+# The deployment's agents: everyone signed in reads them (to pick one); defining one or saving a
+# new version needs runs_app.change_agent, which no caller of the matrix has.
+AGENT_ENDPOINTS = {("GET", "/agents"), ("GET", "/agents/{slug}"), ("POST", "/agents"), ("PUT", "/agents/{slug}")}
 
 BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
@@ -68,7 +71,7 @@ BODIES = {
 def test_the_matrix_covers_every_endpoint_of_the_api():
     schema = api.get_openapi_schema(path_prefix="")
     served = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
-    assert served == set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS
+    assert served == set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS
 
 
 class Scene:
@@ -252,3 +255,25 @@ def test_me_and_session_create_need_a_valid_identity(caller):
     # A new session always belongs to the caller, whoever they are.
     assert created.json()["owner"] == me.json()["username"]
     assert parse_datetime(created.json()["created_at"]) is not None
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+def test_agents_are_read_by_everyone_signed_in_and_defined_by_nobody_without_the_permission(caller):
+    from engine.actions.agents import agent_save
+    from runs_app.models import Agent, AgentVersion
+
+    scene = Scene()
+    admin = grant(UserFactory(username="agent-admin"), ("runs_app", "change_agent"))
+    agent_save(definition={"name": "Refunds", "slug": "refunds", "instructions": "Refund eligible orders.",
+                           "provider": "scripted", "tools": ["query_order"]}, acting_user=admin)
+    before = (Agent.objects.count(), AgentVersion.objects.count())
+    api_client = scene.callers[caller]
+    definition = {"name": "Mine", "slug": "mine", "instructions": "x", "provider": "scripted", "tools": ["query_order"]}
+    answers = [api_client.get("/agents").status_code, api_client.get("/agents/refunds").status_code,
+               api_client.post("/agents", definition).status_code, api_client.client.put("/api/v1/agents/refunds", json.dumps(definition), content_type="application/json",
+                                    **api_client.headers).status_code]
+    if caller in ("anonymous", "revoked_key"):
+        assert answers == [401, 401, 401, 401]
+    else:
+        assert answers == [200, 200, 403, 403]
+    assert (Agent.objects.count(), AgentVersion.objects.count()) == before

@@ -12,11 +12,11 @@ from tools_app.demo.models import SimFault, SimOrder, SimRefund, SimUserLevel
 def test_seed_demo_is_idempotent_and_restores_the_demo_orders():
     out = StringIO()
     call_command("seed_demo", stdout=out)
-    assert "21 orders (21 new)" in out.getvalue()
+    assert "24 orders (24 new)" in out.getvalue()
     SimOrder.objects.filter(order_id="9527").update(amount=Decimal("1.00"))
     call_command("seed_demo", verbosity=0, stdout=(quiet := StringIO()))
     assert quiet.getvalue() == ""
-    assert SimOrder.objects.count() == 21 and SimUserLevel.objects.count() == 2
+    assert SimOrder.objects.count() == 24 and SimUserLevel.objects.count() == 2
     eligible = SimOrder.objects.get(order_id="9527")
     assert (eligible.amount, eligible.currency, eligible.user_id, eligible.refund_eligible) == (Decimal("25.00"), "USD", "u1", True)
     ineligible = SimOrder.objects.get(order_id="9528")
