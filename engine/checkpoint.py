@@ -1,6 +1,7 @@
 """Reading the checkpoint a worker resumes from, and what it says about the run's budgets."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.lease import Lease
 from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus
@@ -36,6 +37,12 @@ class Checkpoint:
     latest_step: Step | None
     tools_step: Step | None = None
     open_tool_calls: list[ToolCall] = field(default_factory=list)
+    # The model context this worker last built, while only its own one-statement commits wrote
+    # to the session since (engine/step_commit.py): the next call extends it instead of reading.
+    context: Any = None
+    # Set by a one-statement step commit: the checkpoint that commit leads to, known without
+    # reading it again, since the run's snapshot showed nobody else had written meanwhile.
+    carried: "Checkpoint | None" = None
 
     @property
     def answered(self) -> bool:

@@ -12,6 +12,7 @@ page from the end, and a new summary folds only what the last one did not cover.
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Exists, OuterRef
@@ -53,8 +54,27 @@ def message_to_openai(message: Message) -> dict:
     return entry
 
 
+def message_cost(message: Message) -> int:
+    return estimate_tokens(message.content) + (estimate_tokens(json.dumps(message.tool_calls)) if message.tool_calls else 0)
+
+
 def _cost(block: list[Message]) -> int:
-    return sum(estimate_tokens(m.content) + (estimate_tokens(json.dumps(m.tool_calls)) if m.tool_calls else 0) for m in block)
+    return sum(message_cost(m) for m in block)
+
+
+@dataclass
+class CachedContext:
+    """The history a model call was shown, kept while this worker's own commits are the only
+    writes to the session: the next call's context is it plus what those commits appended, as
+    long as everything still fits the window (context_build's result in that case, without
+    reading the history again)."""
+
+    session_id: Any
+    message_seq: int  # the session's last message seq the cache has seen
+    messages: list[dict]  # for the provider: the system entries, then the history kept
+    seqs: list[int]
+    budget_left: int  # tokens of the window still free
+    manifest: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +83,9 @@ class BuiltContext:
     manifest: dict
     # Tokens the provider reported for making a summary now (charged to the run).
     summary_tokens: int = 0
+    # When the whole history since the summary fitted: what a worker may extend with the
+    # messages its own next commits append (engine/step_commit.py), instead of reading again.
+    cacheable: CachedContext | None = None
 
 
 @dataclass
@@ -152,7 +175,21 @@ def context_build(*, session_id, provider: Provider | None = None, window_tokens
         "window_tokens": window,
         "estimated_tokens": estimate_tokens(system_prompt) + (summary_cost if covered else 0) + sum(_cost([m]) for m in kept),
     }
-    return BuiltContext(messages=messages, manifest=manifest, summary_tokens=summary_tokens)
+    cacheable = None
+    if newest.reached_floor and kept:
+        used = estimate_tokens(system_prompt) + (summary_cost if covered else 0) + sum(_cost([m]) for m in kept)
+        cacheable = CachedContext(session_id=session_id, message_seq=kept[-1].seq, messages=messages,
+                                  seqs=[m.seq for m in kept], budget_left=window - used,
+                                  manifest={**manifest, "summary_made_now": False})
+    return BuiltContext(messages=messages, manifest=manifest, summary_tokens=summary_tokens, cacheable=cacheable)
+
+
+def context_from_cache(cached) -> BuiltContext:
+    """The context context_build would return for a history that still fits whole: the cached
+    one with the messages appended since."""
+    used = cached.manifest["window_tokens"] - cached.budget_left
+    manifest = {**cached.manifest, "message_seqs": list(cached.seqs), "estimated_tokens": used}
+    return BuiltContext(messages=list(cached.messages), manifest=manifest, cacheable=cached)
 
 
 def _summarize(*, session_id, previous: ContextSummary | None, through_seq: int, provider: Provider,

@@ -96,10 +96,14 @@ class Driver:
         self.slice_ends = time.monotonic() + settings.WARDEN_SLICE_SECONDS
 
     def drive(self) -> str:
+        carried: Checkpoint | None = None
         while True:
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.lease.run_id}: heartbeat found the lease gone")
-            cp = checkpoint_load(run_id=self.lease.run_id, lease=self.lease)
+            # After a one-statement step commit the worker knows the checkpoint it leads to
+            # (engine/step_commit.py); after anything else it reads it again.
+            cp = carried or checkpoint_load(run_id=self.lease.run_id, lease=self.lease)
+            carried = None
             if cp.run.status != RunStatus.RUNNING:
                 return cp.run.status
             try:
@@ -110,6 +114,7 @@ class Driver:
                 return stop.outcome
             except RunFailure as failure:
                 return self.fail(cp.run, failure.code, failure.detail)
+            carried = cp.carried
             if outcome:
                 return outcome
             if time.monotonic() >= self.slice_ends:

@@ -15,11 +15,12 @@ from config.logs import log_context
 from config.tracing import span, span_set
 from engine.actions.runs import run_end
 from engine.checkpoint import Checkpoint, RunFailure, StopDriving, model_calls_used
-from engine.context import BuiltContext, context_build
+from engine import step_commit
+from engine.context import BuiltContext, CachedContext, context_build, context_from_cache
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
 from engine.lease import Heartbeat, Lease
-from engine.tool_exec import tool_calls_create
+from engine.tool_exec import tool_call_rows, tool_calls_create
 from runs_app.events import RunEventType
 from runs_app.live import StepDeltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
@@ -39,6 +40,7 @@ from runs_app.transitions import LeaseLost
 from sessions_app.models import Message, MessageRole
 from sessions_app.services import messages_append
 from tools_app.registry import ASK_USER, tool_get, tool_schemas
+from tools_app.services import tool_call_event
 
 logger = logging.getLogger("warden.engine")
 
@@ -95,7 +97,7 @@ def model_step_open(*, run: Run, lease: Lease, close_tools_step: Step | None = N
     with transaction.atomic():
         if close_tools_step is not None:
             step_transition(step=close_tools_step, to=StepStatus.COMPLETED, lease_token=lease.token)
-        run_write(
+        written = run_write(
             run_id=run.id,
             changes={
                 "phase": RunPhase.CALLING_MODEL,
@@ -107,6 +109,8 @@ def model_step_open(*, run: Run, lease: Lease, close_tools_step: Step | None = N
             lease_token=lease.token,
         )
         step = step_create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
+    # What this write left the run at: a one-statement commit of the turn checks it is still so.
+    run.event_seq, run.snapshot_version = written.event_seq, written.snapshot_version
     run.model_calls += 1
     run.step_count += 1
     run.phase = RunPhase.CALLING_MODEL
@@ -161,7 +165,7 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
     offered = run_offered_tools(run)
     try:
         built = _context(run=run, lease=lease, provider=provider,
-                         instructions=version.instructions if version is not None else None)
+                         instructions=version.instructions if version is not None else None, cached=cp.context)
         tools = tool_schemas(offered)
         # What the model was shown, beside what it saw of the history: its agent version and tools.
         built.manifest |= {"tools": [t["function"]["name"] for t in tools],
@@ -195,13 +199,19 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | N
     if problem:
         return _rejected(cp=cp, lease=lease, step=step, result=result, problem=problem, manifest=built.manifest,
                          limit=request.max_output_tokens)
-    return _commit_turn(run=run, lease=lease, step=step, result=result, manifest=built.manifest)
+    cp.context = built.cacheable
+    return _commit_turn(run=run, lease=lease, step=step, result=result, manifest=built.manifest, cp=cp)
 
 
-def _context(*, run: Run, lease: Lease, provider, instructions: str | None) -> BuiltContext:
-    """The context for the next call. Summarizing an outgrown history is itself a model call:
-    when it fails, the turn takes the same way as a broken stream (a transient error backs off
-    and is asked again, a permanent one fails the run), never the loop's internal error."""
+def _context(*, run: Run, lease: Lease, provider, instructions: str | None,
+             cached: CachedContext | None = None) -> BuiltContext:
+    """The context for the next call: the one this worker built last, extended by its own
+    commits since, while the whole history still fits (`cached`); else read and built. Summarizing
+    an outgrown history is itself a model call: when it fails, the turn takes the same way as a
+    broken stream (a transient error backs off and is asked again, a permanent one fails the
+    run), never the loop's internal error."""
+    if cached is not None and cached.session_id == run.session_id:
+        return context_from_cache(cached)
     try:
         built = context_build(session_id=run.session_id, provider=provider, instructions=instructions)
     except (TransientModelError, PermanentModelError) as error:
@@ -403,11 +413,16 @@ def _wait_before_asking_again(*, run: Run, lease: Lease, retries: int, why: str,
     raise StopDriving("retry-backoff")
 
 
-def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, manifest: dict) -> str | None:
+def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, manifest: dict,
+                 cp: Checkpoint | None = None) -> str | None:
     """One transaction: the step's outcome, the assistant message, and either the tool calls
-    (with the first batch of reads already marked running) or the run's completion."""
+    (with the first batch of reads already marked running) or the run's completion. A turn
+    that asks only for reads — the hot path — is one statement (engine/step_commit.py)."""
     calls = [result.calls[i] for i in sorted(result.calls)]
     tokens = result.input_tokens + result.output_tokens
+    if cp is not None and calls and _commit_turn_at_once(cp=cp, lease=lease, step=step, result=result,
+                                                          manifest=manifest, calls=calls):
+        return None
     with transaction.atomic():
         step_transition(
             step=step, to=StepStatus.COMPLETED, lease_token=lease.token,
@@ -444,3 +459,29 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
     run.tokens_used += tokens
     run.step_count += 1
     return None
+
+
+def _commit_turn_at_once(*, cp: Checkpoint, lease: Lease, step: Step, result: StreamResult, manifest: dict,
+                         calls: list[ProposedCall]) -> bool:
+    """`_commit_turn` for a turn of reads only, as one statement; False when it is not taken
+    (then nothing was written and the general path commits the turn)."""
+    run = cp.run
+    rows = tool_call_rows(run=run, step=None, proposed=calls, lease=lease)
+    if rows is None:
+        return False  # writes: their idempotency keys and reuse go the general way
+    assistant = Message(
+        role=MessageRole.ASSISTANT, content=result.text, run_id=run.id, step_id=step.pk,
+        tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments_text} for c in calls],
+    )
+    events = [
+        (RunEventType.STEP_COMPLETED,
+         {"step": step.index, "kind": StepKind.MODEL, "finish_reason": result.finish_reason, "text": result.text,
+          "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "tool_calls": len(calls)}),
+        (RunEventType.STEP_STARTED, {"step": run.step_count, "kind": StepKind.TOOLS}),
+        (RunEventType.RUN_STATUS, _running(RunPhase.EXECUTING_TOOLS)),
+        *(tool_call_event(row) for row in rows),
+    ]
+    changes = {"tokens_used": run.tokens_used + result.tokens, "invalid_outputs": 0,
+               "phase": RunPhase.EXECUTING_TOOLS, "step_count": run.step_count + 1}
+    return step_commit.turn_with_reads(cp=cp, lease=lease, step=step, result=result, manifest=manifest, calls=calls,
+                                       rows=rows, assistant=assistant, events=events, changes=changes)

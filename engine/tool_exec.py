@@ -24,6 +24,7 @@ from approvals_app.models import Approval, ApprovalStatus
 from config.logs import log_context
 from config.tracing import span, span_set
 from engine.actions.approvals import approval_expire, approval_request, tool_call_close_for_decision
+from engine import step_commit
 from engine.checkpoint import Checkpoint, CheckpointStale, StopDriving, budget_left
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
@@ -88,6 +89,25 @@ class Outcome:
     error_code: str = ""
     error_detail: str = ""
     attempts: int = 0
+
+
+def tool_call_rows(*, run: Run, step: Step | None, proposed: list, lease: Lease) -> list[ToolCall] | None:
+    """The rows a model turn of reads only would create (not saved; the leading reads marked
+    running), for the one-statement commit (engine/step_commit.py); None when the turn asks for a
+    write, whose idempotency key and reuse `tool_calls_create` decides."""
+    if any(tool_get(c.name).effect == ToolEffect.WRITE for c in proposed):
+        return None
+    rows = [
+        ToolCall(run_id=run.id, step=step, index=position, tool_call_id=call.id, tool_name=call.name,
+                 arguments=call.arguments, effect=tool_get(call.name).effect)
+        for position, call in enumerate(proposed)
+    ]
+    now = timezone.now()
+    for row in _leading_reads(rows):
+        row.status = ToolCallStatus.RUNNING
+        row.lease_token = lease.token
+        row.started_at = now
+    return rows
 
 
 def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> list[tuple[str, dict]]:
@@ -425,6 +445,10 @@ def _finish(*, cp: Checkpoint, lease: Lease, outcomes: list[Outcome]) -> None:
     run = cp.run
     done = {o.call.pk for o in outcomes}
     remaining = [c for c in cp.open_tool_calls if c.pk not in done]
+    if (not remaining and budget_left(run) and run.cancel_requested_at is None
+            and all(o.call.effect == ToolEffect.READ for o in outcomes)
+            and step_commit.reads_finished(cp=cp, lease=lease, outcomes=outcomes)):
+        return  # the hot path: one statement (engine/step_commit.py)
     with transaction.atomic():
         for outcome in outcomes:
             _apply_outcome(outcome, lease=lease)

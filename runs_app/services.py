@@ -295,16 +295,24 @@ def step_transition(*, step: Step, to: str, lease_token: int | None = None, **ch
     The caller's transaction carries the event (and its run_write re-checks the fence under
     the run row's lock, so a revocation committed meanwhile rolls everything back)."""
     require_transaction("step_transition")
-    check_transition(STEP_TRANSITIONS, "step", step.status, to)
-    values: dict[str, Any] = {"status": to, **changes}
-    if to != StepStatus.RUNNING:
-        values.setdefault("finished_at", timezone.now())
+    values = step_transition_values(step=step, to=to, **changes)
     if not lease_fenced_update(Step.objects.filter(pk=step.pk, status=step.status), run_id=step.run_id,
                                lease_token=lease_token, values=values):
         return False
     for field, value in values.items():
         setattr(step, field, value)
     return True
+
+
+def step_transition_values(*, step: Step, to: str, **changes: Any) -> dict[str, Any]:
+    """The columns a move of `step` to `to` sets, after checking STEP_TRANSITIONS (IllegalTransition
+    otherwise). `step_transition` writes them; the engine's one-statement step commits
+    (engine/step_commit.py) write the same values under the same fence, composed into one statement."""
+    check_transition(STEP_TRANSITIONS, "step", step.status, to)
+    values: dict[str, Any] = {"status": to, **changes}
+    if to != StepStatus.RUNNING:
+        values.setdefault("finished_at", timezone.now())
+    return values
 
 
 def lease_fenced_update(rows: QuerySet, *, run_id, lease_token: int | None, values: dict[str, Any]) -> bool:

@@ -47,6 +47,19 @@ def tool_call_transition(
     here (a write of its own on the run row); otherwise the caller's run write carries it, and
     re-checks the fence under the run row's lock, so a revocation committed meanwhile rolls
     the whole transaction back."""
+    values = tool_call_transition_values(tool_call=tool_call, to=to, lease_token=lease_token, **changes)
+    if announce:
+        with transaction.atomic():
+            return _tool_call_update(tool_call, values, lease_token=lease_token, announce=True)
+    require_transaction("tool_call_transition without announce")
+    return _tool_call_update(tool_call, values, lease_token=lease_token, announce=False)
+
+
+def tool_call_transition_values(*, tool_call: ToolCall, to: str, lease_token: int | None = None,
+                                **changes: Any) -> dict[str, Any]:
+    """The columns a move of `tool_call` to `to` sets, after checking TOOL_CALL_TRANSITIONS
+    (IllegalTransition otherwise). `tool_call_transition` writes them; the engine's one-statement
+    step commits (engine/step_commit.py) write the same values under the same fence."""
     check_tool_call_transition(tool_call.status, to)
     now = timezone.now()
     values: dict[str, Any] = {"status": to, **changes}
@@ -59,11 +72,7 @@ def tool_call_transition(
         values.setdefault("finished_at", now)
     if to == ToolCallStatus.PENDING:
         values.setdefault("finished_at", None)
-    if announce:
-        with transaction.atomic():
-            return _tool_call_update(tool_call, values, lease_token=lease_token, announce=True)
-    require_transaction("tool_call_transition without announce")
-    return _tool_call_update(tool_call, values, lease_token=lease_token, announce=False)
+    return values
 
 
 def _tool_call_update(tool_call: ToolCall, values: dict[str, Any], *, lease_token: int | None, announce: bool) -> bool:
