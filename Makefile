@@ -43,8 +43,12 @@ test: setup
 # Benchmarks are run by hand (never by the suite); results go to docs/BENCHMARKS.md and
 # docs/RELIABILITY.md. They drive the demo world, so they run in demo mode.
 bench bench-telemetry bench-api bench-ws soak: export WARDEN_DEMO = 1
+# Issue 16: Warden's engine and the PostgreSQL floor, interleaved with the peers (DBOS, LangGraph)
+# where ../shared/bench/peers is present (they get a virtualenv of their own, .warden/peers-venv),
+# then worker throughput and queue pickup: one table on stdout, .warden/bench/result.json.
+# Sizes from the environment or the command line (`make bench ROUNDS=1 M=10`): bench/compare.py --help.
 bench: migrate
-	$(PY) bench/engine_step.py
+	$(PY) bench/compare.py
 
 # The same with tracing, JSON logs and metrics scrapes on (issue 15's overhead budget: <= 5 %).
 bench-telemetry: migrate

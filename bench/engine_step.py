@@ -20,6 +20,7 @@ collectors) once per round. Metrics cost the engine nothing per step otherwise (
 from the tables at scrape time), so the difference is tracing and logging.
 
 Usage: python bench/engine_step.py [--runs 20] [--rounds 5] [--noops 10] [--layer configured|none] [--telemetry off|on]
+                                   [--json PATH]
 Needs DATABASE_URL (or the embedded server). Uses (and re-creates) the database warden_bench.
 """
 
@@ -156,6 +157,7 @@ def main() -> None:
                         help="live publishing through the configured Channels layer, or none (publishing off)")
     parser.add_argument("--telemetry", choices=["off", "on"], default="off",
                         help="tracing (spans to a dropping exporter), JSON logs to /dev/null and a scrape per round")
+    parser.add_argument("--json", type=Path, help="also write the result document here (bench/compare.py reads it)")
     args = parser.parse_args()
     if args.telemetry == "off":
         os.environ.setdefault("WARDEN_LOG_LEVEL", "WARNING")
@@ -215,6 +217,9 @@ def main() -> None:
     }
     result["ratio"] = result["engine"]["us"] / result["floor"]["us"]
     print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
     print(
         f"\ntelemetry {args.telemetry}\n| layer | floor µs/step (median) | engine µs/step (median, min–max) | ratio | write txns/step | WAL B/step | SQL stmts/step | engine CPU µs/step |\n"
         f"|---|---:|---:|---:|---:|---:|---:|---:|\n"
