@@ -304,7 +304,8 @@ class Step(models.Model):
     """One model call or one batch of tool calls of a run."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="steps")
+    # db_index=False: the unique (run, index) index serves lookups by run (one index less per insert).
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="steps", db_index=False)
     index = models.PositiveIntegerField()
     kind = models.CharField(max_length=8, choices=StepKind.choices)
     status = models.CharField(max_length=12, choices=StepStatus.choices, default=StepStatus.RUNNING)
@@ -341,7 +342,8 @@ class RunEvent(models.Model):
     """The ordered, persisted log of a run's lifecycle; consoles catch up from it by seq."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events")
+    # db_index=False: the unique (run, seq) index serves lookups by run (one index less per insert).
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events", db_index=False)
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=40)
     payload = models.JSONField(default=dict, blank=True)

@@ -39,7 +39,8 @@ class Message(models.Model):
     DELETE on this table (trigger in migration 0002), so history can never be rewritten."""
 
     id = models.BigAutoField(primary_key=True)
-    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="messages")
+    # db_index=False: the unique (session, seq) index serves lookups by session (one index less per insert).
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="messages", db_index=False)
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=16, choices=MessageRole.choices)
     content = models.TextField(blank=True)
