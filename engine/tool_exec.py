@@ -9,6 +9,7 @@ and a write that may have reached the downstream system but gave no clear answer
 import contextlib
 import contextvars
 import logging
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,40 @@ class ToolTimedOut(Exception):
         self.detail = str(self)
 
 
+class _ToolThread(threading.Thread):
+    """A thread that runs tool calls one after another and, between them, waits in `_IDLE` for
+    the next: starting a thread per call cost a no-op read most of its time. A call abandoned at
+    its timeout keeps its thread until it returns (or forever, if it hangs); the next call then
+    takes another thread, never waits for it."""
+
+    def __init__(self):
+        super().__init__(name="tool-runner", daemon=True)
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            job()
+            with _IDLE_LOCK:
+                if len(_IDLE) >= _IDLE_MAX:
+                    return
+                _IDLE.append(self)
+
+
+_IDLE: list[_ToolThread] = []
+_IDLE_LOCK = threading.Lock()
+_IDLE_MAX = 16
+
+
+def _tool_thread() -> _ToolThread:
+    with _IDLE_LOCK:
+        if _IDLE:
+            return _IDLE.pop()
+    thread = _ToolThread()
+    thread.start()
+    return thread
+
+
 def _within_timeout(tool, context: ToolContext, arguments):
     """Run the tool in a thread of its own and wait for it at most its declared timeout, so a
     hung tool never holds the worker (whose heartbeat keeps the lease meanwhile). An abandoned
@@ -60,6 +95,7 @@ def _within_timeout(tool, context: ToolContext, arguments):
     if not tool.timeout or tool.timeout <= 0:
         return tool.execute(context, arguments)
     box: dict[str, Any] = {}
+    done = threading.Event()
 
     def call() -> None:
         try:
@@ -68,13 +104,12 @@ def _within_timeout(tool, context: ToolContext, arguments):
             box["error"] = error
         finally:
             connections.close_all()  # this thread's own database connections, if the tool opened any
+            done.set()
 
     # In a copy of this thread's context: the tool's own spans and log lines stay the call's.
     context_copy = contextvars.copy_context()
-    thread = threading.Thread(target=context_copy.run, args=(call,), name=f"tool-{tool.name}", daemon=True)
-    thread.start()
-    thread.join(tool.timeout)
-    if thread.is_alive():
+    _tool_thread().jobs.put(lambda: context_copy.run(call))
+    if not done.wait(tool.timeout):
         raise ToolTimedOut(tool.name, tool.timeout)
     if "error" in box:
         raise box["error"]
