@@ -389,7 +389,8 @@ Q_CLUSTER = {
     "ack_failures": True,
     "catch_up": False,
     "save_limit": 200,
-    # WARDEN_Q_POLL: seconds between broker polls; default 0.05.
+    # WARDEN_Q_POLL: seconds between broker polls when the doorbell is off (with it, the shortest
+    # wait between two looks at the queue without a bell); default 0.05.
     "poll": float(os.environ.get("WARDEN_Q_POLL", 0.05)),
     "recycle": 500,
     "label": "Task queue",
@@ -399,6 +400,14 @@ if REDIS_URL and _env_bool("WARDEN_REDIS_BROKER", False):
     # WARDEN_REDIS_BROKER: use Redis as the task broker instead of the ORM; default off.
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = REDIS_URL
+# WARDEN_Q_DOORBELL: the ORM broker rings a PostgreSQL NOTIFY with every task it queues, and an
+# idle cluster waits for it on a LISTEN connection instead of polling (engine/broker.py); default on.
+WARDEN_Q_DOORBELL = _env_bool("WARDEN_Q_DOORBELL", True)
+# WARDEN_Q_FALLBACK_POLL_SECONDS: with the doorbell, how often an idle cluster looks at the queue
+# anyway, for what rings no bell (a claim that ran out is looked for when it falls due); default 5.
+WARDEN_Q_FALLBACK_POLL_SECONDS = float(os.environ.get("WARDEN_Q_FALLBACK_POLL_SECONDS", 5))
+if WARDEN_Q_DOORBELL and "orm" in Q_CLUSTER:
+    Q_CLUSTER["broker_class"] = "engine.broker.DoorbellBroker"
 
 # ---------------------------------------------------------------------------
 # Operating it (SPEC §17; docs/OPERATIONS.md): connections, logs, health, metrics, tracing,
