@@ -4,6 +4,8 @@ cancel protocol."""
 
 import asyncio
 import json
+import logging
+import math
 import time
 import uuid
 from datetime import datetime
@@ -11,6 +13,7 @@ from types import SimpleNamespace
 from typing import Annotated, Any
 
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
@@ -28,6 +31,7 @@ from engine.actions.agents import agent_save
 from engine.actions.runs import run_retry
 from runs_app import liveness
 from runs_app.events import event_payload_for_customer
+from runs_app.live import PUBLISH_TIMEOUT_SECONDS, session_group
 from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
 from runs_app.agents import AgentDefinitionInvalid
 from runs_app.selectors import (
@@ -37,16 +41,32 @@ from sessions_app import access
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 from tools_app.api import ToolCallOut
 
+logger = logging.getLogger("warden.live")
+
 router = Router(tags=["runs"])
 
-# The event stream: how often it looks for new events, how long it stays quiet before a
-# keepalive comment, and how many events one read fetches.
+# The event stream: how often the sync stream (WSGI, the test client) looks for new events, how
+# long a stream stays quiet before a keepalive comment, and how many events one read fetches.
 SSE_POLL_SECONDS = 0.25
 SSE_KEEPALIVE_SECONDS = 15.0
 SSE_BATCH = 200
 # An open stream checks this often that its caller may still see the run (a revoked key, a
-# deactivated user, a logout or a lost permission ends it).
-SSE_RECHECK_SECONDS = 10.0
+# deactivated user, a logout or a lost permission ends it): as often as the console's socket
+# (WARDEN_CONSOLE_RECHECK_SECONDS). Its read of the run doubles as the idle read below.
+SSE_RECHECK_SECONDS = 30.0
+# Under ASGI a stream sleeps on its session's doorbell (runs_app.live rings it after every commit
+# of events) and reads the database when its run's doorbell rings, and otherwise only on every
+# SSE_IDLE_READ_KEEPALIVES-th keepalive: the access re-check, and any event whose doorbell was
+# lost. With the defaults one read of two queries per 30 s (issue 16: an idle stream ≤ 0.1/s).
+SSE_IDLE_READ_KEEPALIVES = 2
+# Without a channel layer (none configured, or it failed) the async stream polls this often:
+# slower than the sync stream, since under ASGI one process serves every open stream.
+SSE_POLL_WITHOUT_LAYER_SECONDS = 1.0
+# A stream trusts its doorbell once a message it sent itself came back through the layer. It
+# waits SSE_DOORBELL_PROBE_SECONDS for the first, twice as long for each next one, and polls
+# after SSE_DOORBELL_PROBES (6.35 s in all).
+SSE_DOORBELL_PROBE_SECONDS = 0.05
+SSE_DOORBELL_PROBES = 7
 
 
 # ---------------------------------------------------------------------------
@@ -383,23 +403,24 @@ SSE_ACCESS_REVOKED = 'event: error\ndata: {"code": "access_revoked", "message": 
 
 def _still_allowed(request, run_id):
     """The stream's caller, checked again: the same key (not revoked, owner active) or the same
-    browser session (not logged out, user active), and the run still visible to them."""
+    browser session (not logged out, user active). Returns the run as they may see it now (its
+    status and event_seq come with it), or None when they may no longer see it."""
     header = request.headers.get("Authorization", "")
     token = header[7:].strip() if header[:7].lower() == "bearer " else None
     session_key = None if token else request.session.session_key
     user_id = request.auth.pk
 
-    def check() -> bool:
+    def check():
         if token:
             try:
                 user = api_key_authenticate(token=token)
             except ApiKeyRevoked:
-                return False
+                return None
         else:
             if session_key is None or not request.session.exists(session_key):
-                return False
+                return None
             user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
-        return user is not None and run_get(user=user, run_id=run_id) is not None
+        return run_get(user=user, run_id=run_id) if user is not None else None
 
     return check
 
@@ -407,20 +428,28 @@ def _still_allowed(request, run_id):
 class _StreamState:
     """What the stream has sent so far; shared by the sync and async generators."""
 
-    def __init__(self, *, run_id, after: int, max_seconds: int, still_allowed=None, customer: str | None = None):
+    def __init__(self, *, run_id, after: int, max_seconds: int, still_allowed=None, customer: str | None = None,
+                 session_id=None):
         self.run_id = run_id
+        self.session_id = session_id  # its group on the channel layer announces the run's events
         self.customer = customer  # the customer's view of the payloads (see _customer_view)
         self.after = after
-        self.deadline = time.monotonic() + max_seconds
-        self.last_sent = time.monotonic()
+        now = time.monotonic()
+        self.deadline = now + max_seconds
+        self.last_sent = now
+        self.last_read = now
         self.still_allowed = still_allowed
-        self.next_check = time.monotonic() + SSE_RECHECK_SECONDS
+        self.next_check = now + SSE_RECHECK_SECONDS if still_allowed is not None else math.inf
         self.allowed = True
 
-    def recheck_if_due(self) -> None:  # database work: called where _poll runs
-        if self.still_allowed is not None and time.monotonic() >= self.next_check:
-            self.allowed = self.still_allowed()
-            self.next_check = time.monotonic() + SSE_RECHECK_SECONDS
+    def recheck_if_due(self):  # database work: called where _poll runs
+        """The run as the re-check read it, when one was due and the caller may still see it."""
+        if time.monotonic() < self.next_check:
+            return None
+        run = self.still_allowed()
+        self.allowed = run is not None
+        self.next_check = time.monotonic() + SSE_RECHECK_SECONDS
+        return run
 
     def step(self, events, finished: bool, status: str) -> tuple[list[str], bool]:
         """Frames to send for one poll, and whether the stream ends after them."""
@@ -441,9 +470,11 @@ class _StreamState:
 
 
 def _poll(state: _StreamState):
-    state.recheck_if_due()
+    seen = state.recheck_if_due()
     if not state.allowed:
         return [], "", False
+    if seen is not None and seen.event_seq <= state.after and not seen.is_terminal:
+        return [], seen.status, False  # the re-check read the run: nothing new, no second query
     return run_event_poll(run_id=state.run_id, after_seq=state.after, limit=SSE_BATCH)
 
 
@@ -478,22 +509,137 @@ def _poll_and_release(state: _StreamState):
                 conn.close_if_unusable_or_obsolete()
 
 
+class _Doorbell:
+    """An async stream's seat in its session's group on the channel layer (runs_app.live: the
+    database is the truth, the layer a doorbell). `news` is set when a doorbell of the run
+    announces events after what was sent, and when the seat comes into use or fails. It is
+    `live` once a message came back through the layer: every commit after that is announced to
+    us, so one more read and doorbells cover the rest — the console's join-then-read, made safe
+    for channels_postgres, which drops what reaches a channel before its first receive()."""
+
+    def __init__(self, state: _StreamState):
+        self.state = state
+        self.run_id = str(state.run_id)
+        self.group = session_group(state.session_id)
+        self.live = False
+        self.news = asyncio.Event()
+        self._layer = None
+        self._channel = None
+        self._joined = False  # group_add was sent: leave the group at the end
+        self._listening: asyncio.Task | None = None
+
+    def open(self) -> None:
+        if self.state.session_id is None:
+            return
+        try:
+            self._layer = get_channel_layer()
+        except Exception:  # noqa: BLE001 - a broken layer setting: the stream polls instead
+            logger.warning("event stream of run %s: the channel layer cannot be built; polling", self.run_id, exc_info=True)
+            return
+        if self._layer is not None:
+            self._listening = asyncio.ensure_future(self._listen())
+
+    async def _listen(self) -> None:
+        layer = self._layer
+        try:
+            self._channel = await layer.new_channel()
+            self._joined = True
+            await layer.group_add(self.group, self._channel)
+            # One receive() for the seat's life: a cancelled one unsubscribes the channel for good
+            # on channels_redis's pub/sub layer, so it is waited on, never timed out.
+            receiving = asyncio.ensure_future(layer.receive(self._channel))
+            try:
+                for attempt in range(SSE_DOORBELL_PROBES):
+                    await layer.send(self._channel, {"type": "sse.probe"})
+                    done, _ = await asyncio.wait({receiving}, timeout=SSE_DOORBELL_PROBE_SECONDS * 2**attempt)
+                    if done:
+                        break
+                else:
+                    raise TimeoutError("nothing came back through the channel layer")
+            except BaseException:
+                receiving.cancel()
+                raise
+            message = receiving.result()
+            self.live = True
+            self.news.set()
+            while True:
+                self._take(message)
+                message = await layer.receive(self._channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the stream goes on polling (SSE_POLL_WITHOUT_LAYER_SECONDS)
+            logger.warning("event stream of run %s: no doorbell from the channel layer; polling", self.run_id, exc_info=True)
+            self.live = False
+            self.news.set()
+
+    def _take(self, message: dict) -> None:
+        # Deltas (run.delta) and other runs' doorbells are not this stream's news.
+        if message.get("type") == "run.events" and message.get("run_id") == self.run_id:
+            if max((event.get("seq", 0) for event in message.get("events", ())), default=0) > self.state.after:
+                self.news.set()
+
+    async def close(self) -> None:
+        """Leaves the group. Runs when the stream ends, and when its client went away: daphne
+        then sends http.disconnect, and Django cancels the response's task, inside this stream."""
+        if self._listening is not None:
+            self._listening.cancel()
+            await asyncio.wait({self._listening})
+        if self._joined:
+            try:
+                await asyncio.wait_for(self._layer.group_discard(self.group, self._channel), PUBLISH_TIMEOUT_SECONDS)
+            except Exception:  # noqa: BLE001 - the stream is over either way
+                logger.warning("event stream of run %s: could not leave %s", self.run_id, self.group, exc_info=True)
+
+
 async def _sse_async(state: _StreamState):
+    """Under ASGI: between reads the stream waits for its run's doorbell (_Doorbell), a keepalive
+    or the idle read; without a channel layer it polls. While it waits it runs nothing in a
+    thread and holds no database connection (the thread Django gives the sync view's request
+    stays, idle, until the response ends)."""
     liveness.gauge_add("sse_clients", 1)  # a connected client, for warden_live_clients
+    doorbell = _Doorbell(state)
     try:
         yield "retry: 2000\n\n"
-        poll = sync_to_async(_poll_and_release)
+        doorbell.open()
+        read = sync_to_async(_poll_and_release)
         while True:
-            events, status, finished = await poll(state)
+            doorbell.news.clear()  # this read covers every doorbell rung so far
+            events, status, finished = await read(state)
+            state.last_read = time.monotonic()
             frames, done = state.step(events, finished, status)
             for frame in frames:
                 yield frame
             if done:
                 return
-            if len(events) < SSE_BATCH:
-                await asyncio.sleep(SSE_POLL_SECONDS)
+            if len(events) == SSE_BATCH:
+                continue
+            while not await _sse_wait(state, doorbell):  # time for a keepalive, not a read
+                if time.monotonic() >= state.deadline:
+                    return
+                state.last_sent = time.monotonic()
+                yield ": keepalive\n\n"
     finally:
+        await doorbell.close()
         liveness.gauge_add("sse_clients", -1)
+
+
+async def _sse_wait(state: _StreamState, doorbell: _Doorbell) -> bool:
+    """Waits until a read is due (True): a doorbell, the re-check or the idle read — or, without
+    a live doorbell, the next poll; or until a keepalive or the deadline is (False)."""
+    if doorbell.live:
+        read_at = min(state.last_read + SSE_IDLE_READ_KEEPALIVES * SSE_KEEPALIVE_SECONDS, state.next_check)
+    else:
+        read_at = state.last_read + SSE_POLL_WITHOUT_LAYER_SECONDS
+    timeout = min(read_at, state.last_sent + SSE_KEEPALIVE_SECONDS, state.deadline) - time.monotonic()
+    if doorbell.news.is_set():
+        return True
+    if timeout > 0:
+        try:
+            await asyncio.wait_for(doorbell.news.wait(), timeout)
+            return True
+        except TimeoutError:
+            pass
+    return time.monotonic() >= read_at
 
 
 SSE_RESPONSE = {
@@ -502,7 +648,7 @@ SSE_RESPONSE = {
             "`text/event-stream`: one event per RunEvent (`id:` its seq, `event:` its type, `data:` JSON "
             "{seq, type, payload, created_at}); `: keepalive` comments while quiet; a final `event: end` "
             "when the run is terminal and everything was sent. Reconnect with `Last-Event-ID`. The caller's "
-            "access is checked again every few seconds: a revoked key, a logout or a lost permission ends "
+            "access is checked again every 30 seconds: a revoked key, a logout or a lost permission ends "
             "the stream with `event: error` (`{\"code\": \"access_revoked\"}`)."
         ),
         # OpenAPI 3.1 convention for event streams: the schema describes one event.
@@ -538,7 +684,8 @@ def runs_events_stream(
     `Last-Event-ID` first. Ends when the run is terminal and all events were sent."""
     run = _visible_run(request, run_id)
     state = _StreamState(run_id=run.pk, after=last_event_id if last_event_id is not None else after, max_seconds=max_seconds,
-                         still_allowed=_still_allowed(request, run.pk), customer=_customer_view(request.auth, run))
+                         still_allowed=_still_allowed(request, run.pk), customer=_customer_view(request.auth, run),
+                         session_id=run.session_id)
     # Under ASGI (daphne) the body must be an async iterator, or Django would buffer the
     # whole stream before sending it; under WSGI and the test client a plain generator.
     content = _sse_async(state) if isinstance(request, ASGIRequest) else _sse_sync(state)
