@@ -37,7 +37,7 @@ from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus
 from runs_app.notifications import notification_kind
-from runs_app.services import run_seen_by_lease_holder, step_transition_values
+from runs_app.services import run_written_by_lease_holder, step_transition_values
 from sessions_app.models import Message
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.services import tool_call_event, tool_call_message, tool_call_transition_values
@@ -222,7 +222,8 @@ def _reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
             setattr(outcome.call, name, value)
     for name, value in step_values.items():
         setattr(cp.tools_step, name, value)
-    _run_written(run, changes, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at)
+    _run_written(run, changes, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at,
+                 events=len(kinds))
     _announce(run, event_seq=event_seq, kinds=kinds, payloads=payloads)
     model_step = Step(pk=model_step_id, run_id=run.id, index=index, kind=StepKind.MODEL, status=StepStatus.RUNNING,
                       started_at=now, lease_token=lease.token)
@@ -309,7 +310,8 @@ def _turn_with_reads(*, cp: Checkpoint, lease: Lease, step: Step, result, manife
     event_seq, snapshot, cancel_requested_at, message_seq, tools_step_id, message_ids, _ = row
     for name, value in step_values.items():
         setattr(step, name, value)
-    _run_written(run, changes, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at)
+    _run_written(run, changes, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at,
+                 events=len(kinds))
     _announce(run, event_seq=event_seq, kinds=kinds, payloads=payloads)
     tools_step = Step(pk=tools_step_id, run_id=run.id, index=changes["step_count"] - 1, kind=StepKind.TOOLS,
                       status=StepStatus.RUNNING, started_at=now, lease_token=lease.token)
@@ -335,14 +337,17 @@ def _run_params(changes: dict) -> dict:
     return {f"run_{column}": value for column, value in changes.items()}
 
 
-def _run_written(run: Run, changes: dict, *, event_seq: int, snapshot: int, cancel_requested_at) -> None:
+def _run_written(run: Run, changes: dict, *, event_seq: int, snapshot: int, cancel_requested_at,
+                 events: int) -> None:
     for name, value in changes.items():
         setattr(run, name, value)
     run.event_seq = event_seq
     run.snapshot_version = snapshot
     run.cancel_requested_at = cancel_requested_at
-    # The snapshot matched: nobody else wrote to the run since this worker's last write.
-    run_seen_by_lease_holder(run)
+    # The snapshot matched: nobody wrote to the run since the worker read or wrote it last. That
+    # is not "the worker saw everything": input queued before a fresh read is still unseen until
+    # a safe point looks, so what the safe point knows is kept as run_write keeps it.
+    run_written_by_lease_holder(run_id=run.id, event_seq=event_seq, events=events)
 
 
 def _announce(run: Run, *, event_seq: int, kinds: list[str], payloads: list[Jsonb]) -> None:

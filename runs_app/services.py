@@ -46,6 +46,17 @@ def run_seen_by_lease_holder(run: Run) -> None:
     _lease_holder_seq[str(run.id)] = run.event_seq
 
 
+def run_written_by_lease_holder(*, run_id, event_seq: int, events: int) -> None:
+    """The lease holder's write left the run at `event_seq`, `events` of them its own. They are
+    all it has seen only if nobody else's events landed since its last write; otherwise forget
+    it, so the next safe point looks. (A claim records nothing: input may predate it.)"""
+    key = str(run_id)
+    if _lease_holder_seq.get(key) == event_seq - events:
+        _lease_holder_seq[key] = event_seq
+    else:
+        _lease_holder_seq.pop(key, None)
+
+
 @dataclass(frozen=True)
 class RunWrite:
     """What a fenced run write returned."""
@@ -108,13 +119,7 @@ def run_write(
         return None
     written = RunWrite(*row)
     if lease_token is not None:
-        # Ours only if nobody else's events landed since our last write; otherwise forget it,
-        # so the next safe point looks. (A claim records nothing: input may predate it.)
-        key = str(run_id)
-        if _lease_holder_seq.get(key) == written.event_seq - len(events):
-            _lease_holder_seq[key] = written.event_seq
-        else:
-            _lease_holder_seq.pop(key, None)
+        run_written_by_lease_holder(run_id=run_id, event_seq=written.event_seq, events=len(events))
     if events:
         first_seq = written.event_seq - len(events) + 1
         records = [

@@ -168,3 +168,39 @@ def test_a_tool_call_moved_under_the_worker_makes_the_statement_write_nothing(de
     assert_history_gap_free(run.session_id)
     seqs = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1)) and run.event_seq == len(seqs)
+
+
+def test_input_that_arrives_during_a_model_call_is_not_forgotten(demo_world, monkeypatch):
+    """Input queued while the model streams makes that turn's commit take the general path; the
+    reads after it go one-statement again, and must not mark the input as seen: the next model
+    call's safe point still applies it (a fresh read is not a look at the pending input)."""
+    import engine.model_step as model_step
+
+    user = UserFactory()
+    run = start("please run noop 3", user=user)
+    real_get_provider = model_step.get_provider
+    calls = []
+
+    class Interjecting:
+        def __init__(self, provider):
+            self._provider = provider
+
+        def __getattr__(self, name):
+            return getattr(self._provider, name)
+
+        def stream(self, request):
+            calls.append(request)
+            if len(calls) == 2:  # the second model call: one-statement commits are behind it
+                message_post(session=Session.objects.get(pk=run.session_id), content="also, be brief",
+                             mode=InputMode.SUPPLEMENT, acting_user=user)
+            yield from self._provider.stream(request)
+
+    monkeypatch.setattr(model_step, "get_provider", lambda name: Interjecting(real_get_provider(name)))
+    run, _ = drive(run)
+    assert run.status == RunStatus.COMPLETED
+    supplement = Message.objects.get(session_id=run.session_id, content="also, be brief")
+    assert RunEvent.objects.filter(run=run, type="input_applied").count() == 1
+    shown = [s.index for s in Step.objects.filter(run=run, kind="model").order_by("index")
+             if supplement.seq in s.context_manifest.get("message_seqs", [])]
+    assert shown, "no model call was shown the supplement"
+    assert_history_gap_free(run.session_id)
