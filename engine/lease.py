@@ -49,7 +49,8 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
-                'SELECT "lease_token", "updated_at" FROM "runs_app_run" WHERE "id" = %s AND "status" = %s FOR NO KEY UPDATE SKIP LOCKED',
+                'SELECT "lease_token", "updated_at", "started_at" FROM "runs_app_run" '
+                'WHERE "id" = %s AND "status" = %s FOR NO KEY UPDATE SKIP LOCKED',
                 [run_id, RunStatus.QUEUED],
             )
             row = cursor.fetchone()
@@ -65,6 +66,8 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
                 "phase": RunPhase.PREPARING_CONTEXT,
                 "lease_owner": owner,
                 "lease_expires_at": lease_expiry(),
+                # The first claim starts the run's clock (read under the row lock just taken).
+                **({"started_at": now} if row[2] is None else {}),
             },
             events=[
                 (
@@ -82,10 +85,6 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
             expect_statuses=[RunStatus.QUEUED],
             new_lease_token=True,
         )
-        with connection.cursor() as cursor:
-            cursor.execute(
-                'UPDATE "runs_app_run" SET "started_at" = COALESCE("started_at", %s) WHERE "id" = %s', [now, run_id]
-            )
     return Lease(run_id=str(run_id), owner=owner, token=written.lease_token, session_id=str(written.session_id))
 
 
