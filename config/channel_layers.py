@@ -1,6 +1,6 @@
 """The channel layers: PostgreSQL by default, Redis when REDIS_URL is set.
 
-PostgreSQL: channels_postgres 1.1 with two of its races closed.
+PostgreSQL: channels_postgres 1.1 with two of its races closed and a lock leak stopped (3.).
 
 1. Every `receive()` that runs before the process's LISTEN connection is ready starts one
    more listener, so a web process whose first consoles connect together (a restart, a
@@ -17,6 +17,19 @@ de-duplicated by seq, text by offset), but one listener does a third of the work
 And `group_send` — every doorbell a worker rings — is one statement instead of three (the
 library looks the group's channels up twice, then inserts): about a third of a worker's CPU
 per text delta.
+
+3. Every channel received on takes a session-level `pg_try_advisory_lock` on whichever pool
+   connection is free, and nothing releases it (nor could: which connection holds it is not
+   kept). Every console and SSE stream receives on a channel of its own, so each one that ever
+   connected left a lock behind until its pool connection was recycled (~1 h), and reconnect
+   storms fill PostgreSQL's shared lock table ("out of shared memory" for every query). The
+   lock elects which process's listener queues a channel's messages — every listener sees every
+   NOTIFY — which matters for a channel several processes receive on. A `new_channel()` name
+   carries this layer's client prefix and only this layer may receive on it (`receive` asserts
+   that), so for those the lock is skipped; other names still take it. Such a channel's local
+   state (its queue, its "lock") is dropped once its last receive is cancelled — how the console
+   and the SSE stream end, and the end of such a channel on the Redis pub/sub layer too — or
+   the process would keep one queue per client that ever connected, and go on filling it.
 """
 
 import asyncio
@@ -26,6 +39,7 @@ import logging
 import time
 from datetime import timedelta
 
+from channels_postgres.core import ASYNCIO_EVENT_CHANNEL_MAPPING
 from channels_postgres.core import PostgresChannelLayer as _PostgresChannelLayer
 from channels_postgres.db import GROUP_CHANNEL_TABLE, MESSAGE_TABLE, utc_now
 from channels_redis.pubsub import RedisPubSubChannelLayer as _RedisPubSubChannelLayer
@@ -43,6 +57,34 @@ _GROUP_SEND_SQL = sql.SQL(
 
 
 class PostgresChannelLayer(_PostgresChannelLayer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._receives = collections.Counter()  # channel -> receive() calls under way
+
+    def _is_own_channel(self, channel: str) -> bool:
+        """A new_channel() name of this layer: nobody else receives on it (3. above)."""
+        return "!" in channel and self.non_local_name(channel).endswith(self.client_prefix + "!")
+
+    async def _get_or_create_channel_advisory_lock(self, channel):
+        if self._is_own_channel(channel):
+            self._channel_advisory_locks[channel] = True  # the listener queues its messages
+            return True
+        return await super()._get_or_create_channel_advisory_lock(channel)
+
+    async def receive(self, channel):
+        self._receives[channel] += 1
+        try:
+            return await super().receive(channel)
+        except asyncio.CancelledError:
+            if self._receives[channel] == 1 and self._is_own_channel(channel):
+                self._channel_advisory_locks.pop(channel, None)  # the listener drops what comes next
+                ASYNCIO_EVENT_CHANNEL_MAPPING.pop(channel, None)
+            raise
+        finally:
+            self._receives[channel] -= 1
+            if not self._receives[channel]:
+                del self._receives[channel]
+
     def _get_or_create_listener_task(self):
         running, start = super()._get_or_create_listener_task()
         loop = asyncio.get_running_loop()

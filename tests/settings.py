@@ -19,3 +19,7 @@ os.environ.setdefault("WARDEN_API_WRITE_RATE_PER_USER", "100000/min")
 os.environ.setdefault("WARDEN_CACHE_PREFIX", f"test-{uuid.uuid4().hex[:12]}")
 
 from config.settings import *  # noqa: E402,F401,F403
+
+# The PostgreSQL channel layer's alias (config/settings.py defines it only without REDIS_URL): the
+# tests that put the layer itself under test use it whatever this shell exports (CI sets REDIS_URL).
+DATABASES.setdefault("channels_postgres", {**DATABASES["default"], "TEST": {"MIRROR": "default"}})  # noqa: F405
