@@ -483,5 +483,5 @@ def _commit_turn_at_once(*, cp: Checkpoint, lease: Lease, step: Step, result: St
     ]
     changes = {"tokens_used": run.tokens_used + result.tokens, "invalid_outputs": 0,
                "phase": RunPhase.EXECUTING_TOOLS, "step_count": run.step_count + 1}
-    return step_commit.turn_with_reads(cp=cp, lease=lease, step=step, result=result, manifest=manifest, calls=calls,
+    return step_commit.turn_with_reads(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
                                        rows=rows, assistant=assistant, events=events, changes=changes)

@@ -165,12 +165,7 @@ def reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
     """Commit the outcomes of the tools step's last reads and open the next model step, in one
     statement, and carry the checkpoint that follows (`cp.carried`). False when this is not
     that case or the statement's fence missed (nothing written): the general path does it."""
-    run = cp.run
-    try:
-        return _reads_finished(cp=cp, lease=lease, outcomes=outcomes)
-    except _Missed as missed:
-        logger.debug("run %s: one-statement commit not taken (%s)", run.id, missed)
-        return False
+    return _taken(_reads_finished, cp=cp, lease=lease, outcomes=outcomes)
 
 
 def _reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
@@ -268,17 +263,12 @@ SELECT (SELECT "event_seq" FROM r), (SELECT "snapshot_version" FROM r), (SELECT 
 """
 
 
-def turn_with_reads(*, cp: Checkpoint, lease: Lease, step: Step, result, manifest: dict, calls: list,
-                    rows: list[ToolCall], assistant: Message, events: list[tuple[str, dict]],
-                    changes: dict) -> bool:
+def turn_with_reads(*, cp: Checkpoint, lease: Lease, step: Step, result, manifest: dict, rows: list[ToolCall],
+                    assistant: Message, events: list[tuple[str, dict]], changes: dict) -> bool:
     """Commit a model turn whose calls are new reads (`rows`, built by tool_exec, not yet saved):
     as `_commit_turn` would, in one statement, and carry the checkpoint that follows."""
-    try:
-        return _turn_with_reads(cp=cp, lease=lease, step=step, result=result, manifest=manifest, rows=rows,
-                                assistant=assistant, events=events, changes=changes)
-    except _Missed as missed:
-        logger.debug("run %s: one-statement commit not taken (%s)", cp.run.id, missed)
-        return False
+    return _taken(_turn_with_reads, cp=cp, lease=lease, step=step, result=result, manifest=manifest, rows=rows,
+                  assistant=assistant, events=events, changes=changes)
 
 
 def _turn_with_reads(*, cp: Checkpoint, lease: Lease, step: Step, result, manifest: dict, rows: list[ToolCall],
@@ -328,6 +318,15 @@ def _turn_with_reads(*, cp: Checkpoint, lease: Lease, step: Step, result, manife
 
 
 # --- Shared ---------------------------------------------------------------------------------------------------
+
+def _taken(commit, *, cp: Checkpoint, **kwargs) -> bool:
+    """Whether `commit` committed; a miss of its fence or checks (nothing written) is False."""
+    try:
+        return commit(cp=cp, **kwargs)
+    except _Missed as missed:
+        logger.debug("run %s: one-statement commit not taken (%s)", cp.run.id, missed)
+        return False
+
 
 def _run_set(changes: dict) -> str:
     return ", ".join(f'"{column}" = %(run_{column})s' for column in changes)
