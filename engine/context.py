@@ -62,6 +62,24 @@ def _cost(block: list[Message]) -> int:
     return sum(message_cost(m) for m in block)
 
 
+def seq_ranges(seqs, *, after: list[list[int]] = ()) -> list[list[int]]:
+    """Message seqs as inclusive [first, last] ranges, continuing the ranges `after` (left as they
+    were): what a model step saw, in a record whose size does not grow with the window (the kept
+    messages are one contiguous stretch of the history)."""
+    ranges = [list(r) for r in after]
+    for seq in seqs:
+        if ranges and seq == ranges[-1][1] + 1:
+            ranges[-1][1] = seq
+        else:
+            ranges.append([seq, seq])
+    return ranges
+
+
+def manifest_covers(manifest: dict, seq: int) -> bool:
+    """Whether the model step with this context manifest saw the message `seq`."""
+    return any(first <= seq <= last for first, last in manifest.get("message_seq_ranges") or ())
+
+
 @dataclass
 class CachedContext:
     """The history a model call was shown, kept while this worker's own commits are the only
@@ -72,7 +90,7 @@ class CachedContext:
     session_id: Any
     message_seq: int  # the session's last message seq the cache has seen
     messages: list[dict]  # for the provider: the system entries, then the history kept
-    seqs: list[int]
+    seq_ranges: list[list[int]]  # the kept history's seqs (seq_ranges)
     budget_left: int  # tokens of the window still free
     manifest: dict = field(default_factory=dict)
 
@@ -167,7 +185,7 @@ def context_build(*, session_id, provider: Provider | None = None, window_tokens
     messages += [message_to_openai(m) for m in kept]
     first_kept = kept[0].seq if kept else covered + 1
     manifest = {
-        "message_seqs": [m.seq for m in kept],
+        "message_seq_ranges": seq_ranges(m.seq for m in kept),
         "omitted_before_seq": first_kept if first_kept > covered + 1 else None,
         "summary_id": summary.pk if summary is not None and covered else None,
         "summary_through_seq": covered or None,
@@ -179,7 +197,7 @@ def context_build(*, session_id, provider: Provider | None = None, window_tokens
     if newest.reached_floor and kept:
         used = estimate_tokens(system_prompt) + (summary_cost if covered else 0) + sum(_cost([m]) for m in kept)
         cacheable = CachedContext(session_id=session_id, message_seq=kept[-1].seq, messages=messages,
-                                  seqs=[m.seq for m in kept], budget_left=window - used,
+                                  seq_ranges=manifest["message_seq_ranges"], budget_left=window - used,
                                   manifest={**manifest, "summary_made_now": False})
     return BuiltContext(messages=messages, manifest=manifest, summary_tokens=summary_tokens, cacheable=cacheable)
 
@@ -188,7 +206,7 @@ def context_from_cache(cached) -> BuiltContext:
     """The context context_build would return for a history that still fits whole: the cached
     one with the messages appended since."""
     used = cached.manifest["window_tokens"] - cached.budget_left
-    manifest = {**cached.manifest, "message_seqs": list(cached.seqs), "estimated_tokens": used}
+    manifest = {**cached.manifest, "message_seq_ranges": cached.seq_ranges, "estimated_tokens": used}
     return BuiltContext(messages=list(cached.messages), manifest=manifest, cacheable=cached)
 
 

@@ -31,7 +31,7 @@ from psycopg import Cursor
 from psycopg.types.json import Jsonb
 
 from engine.checkpoint import Checkpoint
-from engine.context import CachedContext, message_cost, message_to_openai
+from engine.context import CachedContext, message_cost, message_to_openai, seq_ranges
 from engine.lease import Lease
 from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
@@ -374,6 +374,6 @@ def _context_extended(cached: CachedContext | None, messages: list[Message], ids
     return CachedContext(
         session_id=cached.session_id, message_seq=message_seq,
         messages=[*cached.messages, *(message_to_openai(m) for m in messages)],
-        seqs=[*cached.seqs, *(m.seq for m in messages)], budget_left=cached.budget_left - cost,
-        manifest=cached.manifest,
+        seq_ranges=seq_ranges((m.seq for m in messages), after=cached.seq_ranges),
+        budget_left=cached.budget_left - cost, manifest=cached.manifest,
     )

@@ -150,7 +150,7 @@ class StepOut(Schema):
     finish_reason: str
     discard_reason: str
     text: str = Field(description="what the model said in this step (streamed so far while running)")
-    context_manifest: Any = Field(description="model steps: which history messages (by seq) and which summary the call saw")
+    context_manifest: Any = Field(description="model steps: which history messages the call saw (`message_seq_ranges`: inclusive [first, last] seq ranges) and which summary")
 
     @staticmethod
     def resolve_text(step) -> str:

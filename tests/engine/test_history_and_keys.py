@@ -54,9 +54,11 @@ def test_a_300_message_session_keeps_working_within_its_window(procs, demo_world
         for step in (s for s in steps if s["kind"] == StepKind.MODEL):
             manifest = step["context_manifest"]
             assert manifest["estimated_tokens"] <= WINDOW, manifest
-            assert manifest["summary_through_seq"] and manifest["message_seqs"][0] == manifest["summary_through_seq"] + 1
-            assert manifest["message_seqs"][-1] == Message.objects.filter(session=session, seq__lt=10_000).filter(
-                seq__lte=max(manifest["message_seqs"])).order_by("-seq").values_list("seq", flat=True).first()
+            # One contiguous stretch of the history: from just after the summary to the newest message then.
+            (first, last), = manifest["message_seq_ranges"]
+            assert manifest["summary_through_seq"] and first == manifest["summary_through_seq"] + 1
+            assert last == Message.objects.filter(session=session, seq__lte=last).order_by("-seq").values_list(
+                "seq", flat=True).first()
 
     summaries = list(ContextSummary.objects.filter(session=session).order_by("covers_through_seq"))
     assert summaries, "the older history was summarized"

@@ -12,6 +12,7 @@ from django.db import connection
 
 from engine import step_commit
 from engine.actions.messages import message_post
+from engine.context import manifest_covers
 from engine.loop import run_drive
 from runs_app.models import Run, RunEvent, RunStatus, Step
 from sessions_app.models import InputMode, Message, Session
@@ -141,7 +142,7 @@ def test_input_that_arrives_during_a_read_is_seen_before_the_next_model_call(dem
     applied = RunEvent.objects.get(run=run, type="input_applied")
     # The model call after the read saw it: the worker read its checkpoint and context again.
     later_model_steps = [s for s in Step.objects.filter(run=run, kind="model").order_by("index")
-                         if supplement.seq in s.context_manifest.get("message_seqs", [])]
+                         if manifest_covers(s.context_manifest, supplement.seq)]
     assert later_model_steps, "no model call was shown the supplement"
     first_shown = RunEvent.objects.get(run=run, type="step_completed", payload__step=later_model_steps[0].index)
     assert applied.seq < first_shown.seq
@@ -201,6 +202,6 @@ def test_input_that_arrives_during_a_model_call_is_not_forgotten(demo_world, mon
     supplement = Message.objects.get(session_id=run.session_id, content="also, be brief")
     assert RunEvent.objects.filter(run=run, type="input_applied").count() == 1
     shown = [s.index for s in Step.objects.filter(run=run, kind="model").order_by("index")
-             if supplement.seq in s.context_manifest.get("message_seqs", [])]
+             if manifest_covers(s.context_manifest, supplement.seq)]
     assert shown, "no model call was shown the supplement"
     assert_history_gap_free(run.session_id)
