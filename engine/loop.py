@@ -30,7 +30,7 @@ from engine.queue import run_enqueue
 from runs_app import liveness
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunErrorCode, RunStatus, Step, StepKind, StepStatus
-from runs_app.services import run_transition, step_transition
+from runs_app.services import run_lease_holder_forget, run_transition, step_transition
 from runs_app.transitions import LeaseLost
 from tools_app.models import ToolCallStatus
 from tools_app.selectors import writes_in_doubt
@@ -87,6 +87,7 @@ def _drive_claimed(lease: Lease) -> str:
             return "lease-lost"
     finally:
         heartbeat.stop()
+        run_lease_holder_forget(run_id=run_id)
 
 
 class Driver:

@@ -417,34 +417,21 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
                  cp: Checkpoint | None = None) -> str | None:
     """One transaction: the step's outcome, the assistant message, and either the tool calls
     (with the first batch of reads already marked running) or the run's completion. A turn
-    that asks only for reads — the hot path — is one statement (engine/step_commit.py)."""
+    that asks only for reads, or answers, — the hot path — is one statement (engine/step_commit.py)."""
     calls = [result.calls[i] for i in sorted(result.calls)]
-    tokens = result.input_tokens + result.output_tokens
-    if cp is not None and calls and _commit_turn_at_once(cp=cp, lease=lease, step=step, result=result,
-                                                          manifest=manifest, calls=calls):
-        return None
+    if cp is not None and _commit_turn_at_once(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
+                                               calls=calls):
+        return None if calls else "completed"
     with transaction.atomic():
         step_transition(
             step=step, to=StepStatus.COMPLETED, lease_token=lease.token,
             input_tokens=result.input_tokens, output_tokens=result.output_tokens, finish_reason=result.finish_reason,
             context_manifest=manifest, streamed_text=result.text,
         )
-        assistant = Message(
-            role=MessageRole.ASSISTANT,
-            content=result.text,
-            run_id=run.id,
-            step_id=step.pk,
-            tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments_text} for c in calls],
-        )
+        assistant, step_completed = _turn_record(run=run, step=step, result=result, calls=calls)
         messages_append(session_id=run.session_id, messages=[assistant])
-        events = [
-            (
-                RunEventType.STEP_COMPLETED,
-                {"step": step.index, "kind": StepKind.MODEL, "finish_reason": result.finish_reason, "text": result.text,
-                 "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "tool_calls": len(calls)},
-            )
-        ]
-        changes = {"tokens_used": run.tokens_used + tokens, "invalid_outputs": 0}
+        events = [step_completed]
+        changes = _turn_changes(run, result)
         if not calls:
             # A final answer: the run completes in the same commit.
             run_end(run=run, to=RunStatus.COMPLETED, lease_token=lease.token, changes=changes, events_before=events)
@@ -456,32 +443,48 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
         events.append((RunEventType.RUN_STATUS, _running(RunPhase.EXECUTING_TOOLS)))
         events += created
         run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
-    run.tokens_used += tokens
+    run.tokens_used += result.tokens
     run.step_count += 1
     return None
 
 
-def _commit_turn_at_once(*, cp: Checkpoint, lease: Lease, step: Step, result: StreamResult, manifest: dict,
-                         calls: list[ProposedCall]) -> bool:
-    """`_commit_turn` for a turn of reads only, as one statement; False when it is not taken
-    (then nothing was written and the general path commits the turn)."""
-    run = cp.run
-    rows = tool_call_rows(run=run, step=None, proposed=calls, lease=lease)
-    if rows is None:
-        return False  # writes: their idempotency keys and reuse go the general way
+def _turn_record(*, run: Run, step: Step, result: StreamResult, calls: list[ProposedCall]) -> tuple[Message, tuple]:
+    """What a model turn adds to the history and to the run's log, whatever comes next."""
     assistant = Message(
         role=MessageRole.ASSISTANT, content=result.text, run_id=run.id, step_id=step.pk,
         tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments_text} for c in calls],
     )
+    step_completed = (
+        RunEventType.STEP_COMPLETED,
+        {"step": step.index, "kind": StepKind.MODEL, "finish_reason": result.finish_reason, "text": result.text,
+         "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "tool_calls": len(calls)},
+    )
+    return assistant, step_completed
+
+
+def _turn_changes(run: Run, result: StreamResult) -> dict:
+    return {"tokens_used": run.tokens_used + result.tokens, "invalid_outputs": 0}
+
+
+def _commit_turn_at_once(*, cp: Checkpoint, lease: Lease, step: Step, result: StreamResult, manifest: dict,
+                         calls: list[ProposedCall]) -> bool:
+    """`_commit_turn` for a turn of reads only, or a final answer, as one statement; False when
+    it is not taken (then nothing was written and the general path commits the turn)."""
+    run = cp.run
+    assistant, step_completed = _turn_record(run=run, step=step, result=result, calls=calls)
+    changes = _turn_changes(run, result)
+    if not calls:
+        return step_commit.turn_answered(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
+                                         assistant=assistant, events=[step_completed], changes=changes)
+    rows = tool_call_rows(run=run, step=None, proposed=calls, lease=lease)
+    if rows is None:
+        return False  # writes: their idempotency keys and reuse go the general way
     events = [
-        (RunEventType.STEP_COMPLETED,
-         {"step": step.index, "kind": StepKind.MODEL, "finish_reason": result.finish_reason, "text": result.text,
-          "input_tokens": result.input_tokens, "output_tokens": result.output_tokens, "tool_calls": len(calls)}),
+        step_completed,
         (RunEventType.STEP_STARTED, {"step": run.step_count, "kind": StepKind.TOOLS}),
         (RunEventType.RUN_STATUS, _running(RunPhase.EXECUTING_TOOLS)),
         *(tool_call_event(row) for row in rows),
     ]
-    changes = {"tokens_used": run.tokens_used + result.tokens, "invalid_outputs": 0,
-               "phase": RunPhase.EXECUTING_TOOLS, "step_count": run.step_count + 1}
+    changes |= {"phase": RunPhase.EXECUTING_TOOLS, "step_count": run.step_count + 1}
     return step_commit.turn_with_reads(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
                                        rows=rows, assistant=assistant, events=events, changes=changes)

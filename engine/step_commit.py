@@ -1,12 +1,15 @@
-"""The two step boundaries every run crosses over and over, each committed as ONE statement.
+"""The step boundaries every run crosses over and over, each committed as ONE statement.
 
 A read tool call finishing (its outcome, its tool message, the tools step closed and the next
-model step opened) and a model turn that asks for reads (the model step closed, the assistant
-message, the tools step and its calls) are the engine's hot path: a run of K reads crosses them
-K times each. The general code (tool_exec._finish, model_step._commit_turn) writes them through
-the ORM in a transaction of some eight statements; here the same rows and the same events go in
-one statement of data-modifying CTEs, which PostgreSQL runs as one transaction — one round trip
-and one commit per durable step (issue 16).
+model step opened), a model turn that asks for reads (the model step closed, the assistant
+message, the tools step and its calls) and a model turn that answers (the model step closed, the
+assistant message, the run completed) are the engine's hot path: a run of K reads crosses the
+first two K times each, and ends with the third. The general code (tool_exec._finish,
+model_step._commit_turn, engine.actions.runs.run_end) writes them through the ORM in a
+transaction of some eight statements; here the same rows and the same events go in one statement
+of data-modifying CTEs, which PostgreSQL runs as one transaction — one round trip and one commit
+per durable step (issue 16). The rows travel as one JSON document (`%(doc)s`), unpacked by the
+server: adapting a dozen arrays element by element cost the worker more than the statement.
 
 The fence is unchanged: the session row is locked first (the order every writer takes), the run
 row's UPDATE is conditional on the lease token, and every other part is conditional on that
@@ -14,15 +17,17 @@ UPDATE having matched. It is also conditional on the run's `snapshot_version` be
 worker last wrote: then nobody else touched the run meanwhile (no input queued, no cancel asked),
 which is what lets the worker go on from the checkpoint it holds in memory instead of reading it
 again (`Checkpoint.carried`). Each status change takes its values from the entity's one
-transition function's table check (`step_transition_values`, `tool_call_transition_values`) and
-must match exactly the rows it expects; the statement ends in `warden_fence_check`, which raises
-when anything did not match, so the statement then wrote nothing at all. The caller falls back to
-the general path, which re-checks everything (and raises LeaseLost if the lease is gone).
+transition function's table check (`step_transition_values`, `tool_call_transition_values`,
+`run_transition_values`) and must match exactly the rows it expects; the statement ends in
+`warden_fence_check`, which raises when anything did not match, so the statement then wrote
+nothing at all. The caller falls back to the general path, which re-checks everything (and
+raises LeaseLost if the lease is gone).
 """
 
 import copy
+import functools
 import logging
-from typing import Any
+from dataclasses import dataclass
 
 from django.db import DatabaseError, connection, transaction
 from django.db.backends.utils import CursorWrapper
@@ -30,14 +35,15 @@ from django.utils import timezone
 from psycopg import Cursor
 from psycopg.types.json import Jsonb
 
+from engine.actions.runs import run_ending_outcome
 from engine.checkpoint import Checkpoint
 from engine.context import CachedContext, message_cost, message_to_openai, seq_ranges
 from engine.lease import Lease
 from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
-from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus
+from runs_app.models import Run, RunOutcome, RunPhase, RunStatus, Step, StepKind, StepStatus
 from runs_app.notifications import notification_kind
-from runs_app.services import run_written_by_lease_holder, step_transition_values
+from runs_app.services import run_transition_values, run_written_by_lease_holder, step_transition_values
 from sessions_app.models import Message
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.services import tool_call_event, tool_call_message, tool_call_transition_values
@@ -87,26 +93,23 @@ def _execute(sql: str, params: dict) -> tuple:
         raise
 
 
-def _events(kinds_payloads: list[tuple[str, dict]]) -> tuple[list[str], list[Jsonb]]:
-    events = [(RunEventType(kind), payload) for kind, payload in kinds_payloads]
-    if any(notification_kind(kind, payload) for kind, payload in events):
+def _events(kinds_payloads: list[tuple[str, dict]], *, notifying: str | None = None) -> list[dict]:
+    """The events for the document. A notification event goes the general way (the outbox),
+    but for the kind `notifying`, which the statement takes only while no endpoint subscribes
+    to it (`_NOBODY_NOTIFIED`)."""
+    events = [{"type": RunEventType(kind).value, "payload": payload} for kind, payload in kinds_payloads]
+    if any(notification_kind(e["type"], e["payload"]) not in (None, notifying) for e in events):
         raise _Missed("a notification event goes the general way (the outbox)")
-    return [kind.value for kind, _ in events], [Jsonb(payload) for _, payload in events]
+    return events
 
 
-def _message_columns(messages: list[Message]) -> dict:
-    return {
-        "m_role": [m.role for m in messages],
-        "m_content": [m.content for m in messages],
-        "m_tool_calls": [Jsonb(m.tool_calls) for m in messages],
-        "m_tool_call_id": [m.tool_call_id for m in messages],
-        "m_tool_name": [m.tool_name for m in messages],
-        "m_step": [m.step_id for m in messages],
-    }
+def _message_rows(messages: list[Message]) -> list[dict]:
+    return [{"role": m.role, "content": m.content, "tool_calls": m.tool_calls, "tool_call_id": m.tool_call_id,
+             "tool_name": m.tool_name, "step_id": m.step_id} for m in messages]
 
 
 # The session row first (every writer's order), then the run row under the fence; the rest only
-# when the run's UPDATE matched.
+# when the run's UPDATE matched. `doc` holds the rows: {"messages": [...], "events": [...], ...}.
 _HEAD = """
 WITH se AS (
     UPDATE "sessions_app_session" SET "message_seq" = "message_seq" + %(m_count)s, "updated_at" = %(now)s
@@ -115,50 +118,95 @@ WITH se AS (
     UPDATE "runs_app_run" SET {run_set}, "event_seq" = "event_seq" + %(e_count)s,
         "snapshot_version" = "snapshot_version" + 1, "updated_at" = %(now)s
     WHERE "id" = %(run)s AND "lease_token" = %(token)s AND "snapshot_version" = %(snapshot)s AND "status" = 'running'
-        AND EXISTS (SELECT 1 FROM se)
+        AND EXISTS (SELECT 1 FROM se){run_where}
     RETURNING "event_seq", "snapshot_version", "cancel_requested_at"
 ), m AS (
     INSERT INTO "sessions_app_message" ("session_id", "seq", "role", "content", "tool_calls", "tool_call_id",
         "tool_name", "run_id", "step_id", "created_at")
-    SELECT %(session)s, se."message_seq" - %(m_count)s + u.ord, u.role, u.content, u.tool_calls, u.tool_call_id,
-        u.tool_name, %(run)s, u.step_id, %(now)s
-    FROM se, r, unnest(%(m_role)s::varchar[], %(m_content)s::text[], %(m_tool_calls)s::jsonb[],
-        %(m_tool_call_id)s::varchar[], %(m_tool_name)s::varchar[], %(m_step)s::bigint[])
-        WITH ORDINALITY AS u(role, content, tool_calls, tool_call_id, tool_name, step_id, ord)
-    RETURNING "id", "seq"
+    SELECT %(session)s, se."message_seq" - %(m_count)s + u.ord, u.m->>'role', u.m->>'content', u.m->'tool_calls',
+        u.m->>'tool_call_id', u.m->>'tool_name', %(run)s, (u.m->>'step_id')::bigint, %(now)s
+    FROM se, r, jsonb_array_elements(%(doc)s->'messages') WITH ORDINALITY AS u(m, ord)
 ), ev AS (
     INSERT INTO "runs_app_runevent" ("run_id", "seq", "type", "payload", "created_at")
-    SELECT %(run)s, r."event_seq" - %(e_count)s + e.ord, e.type, e.payload, %(now)s
-    FROM r, unnest(%(e_type)s::varchar[], %(e_payload)s::jsonb[]) WITH ORDINALITY AS e(type, payload, ord)
+    SELECT %(run)s, r."event_seq" - %(e_count)s + e.ord, e.ev->>'type', e.ev->'payload', %(now)s
+    FROM r, jsonb_array_elements(%(doc)s->'events') WITH ORDINALITY AS e(ev, ord)
     RETURNING "seq"
 )"""
+
+_TAIL = """
+SELECT (SELECT "event_seq" FROM r), (SELECT "snapshot_version" FROM r), (SELECT "cancel_requested_at" FROM r),
+    (SELECT "message_seq" FROM se), {returned},
+    warden_fence_check(EXISTS (SELECT 1 FROM r) AND (SELECT count(*) FROM ev) = %(e_count)s AND {checks}, '{what}')
+"""
+
+# The model step a turn closes: still running, opened under this lease.
+_MODEL_STEP_CLOSED = """, ms AS (
+    UPDATE "runs_app_step" SET "status" = %(model_status)s, "finished_at" = %(model_finished_at)s,
+        "input_tokens" = %(input_tokens)s, "output_tokens" = %(output_tokens)s, "finish_reason" = %(finish_reason)s,
+        "context_manifest" = %(doc)s->'manifest', "streamed_text" = %(text)s
+    FROM r WHERE "runs_app_step"."id" = %(model_step)s AND "runs_app_step"."status" = 'running'
+        AND "runs_app_step"."lease_token" = %(token)s
+    RETURNING "runs_app_step"."id"
+)"""
+
+
+def _step_opened(name: str, kind: str) -> str:
+    return f""", {name} AS (
+    INSERT INTO "runs_app_step" ("run_id", "index", "kind", "status", "started_at", "finished_at", "input_tokens",
+        "output_tokens", "finish_reason", "context_manifest", "discard_reason", "streamed_text", "lease_token")
+    SELECT %(run)s, %(new_index)s, '{kind}', 'running', %(now)s, NULL, 0, 0, '', '{{}}'::jsonb, '', '', %(token)s
+    FROM r RETURNING "id"
+)"""
+
+
+@dataclass(frozen=True)
+class _Statement:
+    """One kind of step commit: what it writes besides the head, what it returns, what must have
+    matched. The SQL is made once per set of run columns it sets."""
+
+    what: str
+    body: str
+    returned: str
+    checks: str
+    run_where: str = ""
+
+    def sql(self, changes: dict) -> str:
+        return _sql(self, tuple(changes))
+
+
+@functools.lru_cache(maxsize=None)
+def _sql(statement: _Statement, columns: tuple[str, ...]) -> str:
+    run_set = ", ".join(f'"{column}" = %(run_{column})s' for column in columns)
+    return (_HEAD.format(run_set=run_set, run_where=statement.run_where) + statement.body
+            + _TAIL.format(returned=statement.returned, checks=statement.checks, what=statement.what))
+
+
+def _head_params(*, run: Run, lease: Lease, now, messages: list[Message], events: list[dict], changes: dict,
+                 doc: dict) -> dict:
+    doc |= {"messages": _message_rows(messages), "events": events}
+    return {**_run_params(changes), "now": now, "run": run.id, "session": run.session_id, "token": lease.token,
+            "snapshot": run.snapshot_version, "m_count": len(messages), "e_count": len(events), "doc": Jsonb(doc)}
 
 
 # --- A read's outcome: the tool message, the tools step closed, the next model step opened ------------------
 
-_READS_FINISHED = _HEAD + """, tc AS (
-    UPDATE "tools_app_toolcall" AS t SET "status" = u.status, "result" = u.result, "error_code" = u.error_code,
-        "error_detail" = u.error_detail, "attempts" = u.attempts, "finished_at" = u.finished_at
-    FROM r, unnest(%(t_id)s::uuid[], %(t_status)s::varchar[], %(t_result)s::jsonb[], %(t_error_code)s::varchar[],
-        %(t_error_detail)s::text[], %(t_attempts)s::int[], %(t_finished_at)s::timestamptz[])
-        AS u(id, status, result, error_code, error_detail, attempts, finished_at)
-    WHERE t."id" = u.id AND t."status" = 'running' AND t."lease_token" = %(token)s
+_READS_FINISHED = _Statement(
+    what="reads finished",
+    body=""", tc AS (
+    UPDATE "tools_app_toolcall" AS t SET "status" = u.c->>'status', "result" = NULLIF(u.c->'result', 'null'::jsonb),
+        "error_code" = u.c->>'error_code', "error_detail" = u.c->>'error_detail', "attempts" = (u.c->>'attempts')::int,
+        "finished_at" = %(now)s
+    FROM r, jsonb_array_elements(%(doc)s->'calls') AS u(c)
+    WHERE t."id" = (u.c->>'id')::uuid AND t."status" = 'running' AND t."lease_token" = %(token)s
     RETURNING t."id"
 ), st AS (
-    UPDATE "runs_app_step" SET "status" = %(tools_status)s, "finished_at" = %(tools_finished_at)s
+    UPDATE "runs_app_step" SET "status" = %(tools_status)s, "finished_at" = %(now)s
     FROM r WHERE "runs_app_step"."id" = %(tools_step)s AND "runs_app_step"."status" = 'running'
     RETURNING "runs_app_step"."id"
-), ns AS (
-    INSERT INTO "runs_app_step" ("run_id", "index", "kind", "status", "started_at", "finished_at", "input_tokens",
-        "output_tokens", "finish_reason", "context_manifest", "discard_reason", "streamed_text", "lease_token")
-    SELECT %(run)s, %(model_index)s, 'model', 'running', %(now)s, NULL, 0, 0, '', '{{}}'::jsonb, '', '', %(token)s
-    FROM r RETURNING "id"
+)""" + _step_opened("ns", StepKind.MODEL),
+    returned='(SELECT "id" FROM ns)',
+    checks="(SELECT count(*) FROM tc) = %(t_count)s AND (SELECT count(*) FROM st) = 1",
 )
-SELECT (SELECT "event_seq" FROM r), (SELECT "snapshot_version" FROM r), (SELECT "cancel_requested_at" FROM r),
-    (SELECT "message_seq" FROM se), (SELECT "id" FROM ns), (SELECT array_agg("id" ORDER BY "seq") FROM m),
-    warden_fence_check(EXISTS (SELECT 1 FROM r) AND (SELECT count(*) FROM tc) = %(t_count)s
-        AND (SELECT count(*) FROM st) = 1 AND (SELECT count(*) FROM ev) = %(e_count)s, 'reads finished')
-"""
 
 
 def reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
@@ -170,7 +218,6 @@ def reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
 
 def _reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
     run = cp.run
-    expected = run.snapshot_version
     if cp.tools_step is None:
         return False
     now = timezone.now()
@@ -191,76 +238,55 @@ def _reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
     step_values = step_transition_values(step=cp.tools_step, to=StepStatus.COMPLETED, finished_at=now)
     index = run.step_count
     messages = [tool_call_message(call) for call in calls]
-    kinds, payloads = _events([
+    events = _events([
         *(tool_call_event(call) for call in calls),
         (RunEventType.STEP_COMPLETED, {"step": cp.tools_step.index, "kind": StepKind.TOOLS}),
         (RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}),
         (RunEventType.RUN_STATUS, {"status": RunStatus.RUNNING, "phase": RunPhase.CALLING_MODEL, "wait_reason": ""}),
     ])
     changes = {"phase": RunPhase.CALLING_MODEL, "model_calls": run.model_calls + 1, "step_count": index + 1}
-    sql = _READS_FINISHED.format(run_set=_run_set(changes))
+    calls_doc = [{"id": str(c.id), "status": c.status, "result": c.result, "error_code": c.error_code,
+                  "error_detail": c.error_detail, "attempts": c.attempts} for c in calls]
     params = {
-        **_run_params(changes), "now": now, "run": run.id, "session": run.session_id, "token": lease.token,
-        "snapshot": expected, "m_count": len(messages), **_message_columns(messages),
-        "e_count": len(kinds), "e_type": kinds, "e_payload": payloads,
-        "t_count": len(calls), "t_id": [c.id for c in calls], "t_status": [c.status for c in calls],
-        "t_result": [None if c.result is None else Jsonb(c.result) for c in calls],
-        "t_error_code": [c.error_code for c in calls], "t_error_detail": [c.error_detail for c in calls],
-        "t_attempts": [c.attempts for c in calls], "t_finished_at": [c.finished_at for c in calls],
-        "tools_step": cp.tools_step.pk, "tools_status": step_values["status"],
-        "tools_finished_at": step_values["finished_at"], "model_index": index,
+        **_head_params(run=run, lease=lease, now=now, messages=messages, events=events, changes=changes,
+                       doc={"calls": calls_doc}),
+        "t_count": len(calls), "tools_step": cp.tools_step.pk, "tools_status": step_values["status"], "new_index": index,
     }
-    row = _execute(sql, params)  # raises _Missed, having written nothing, unless every part matched
-    event_seq, snapshot, cancel_requested_at, message_seq, model_step_id, message_ids, _ = row
+    row = _execute(_READS_FINISHED.sql(changes), params)  # raises _Missed, having written nothing, unless every part matched
+    event_seq, snapshot, cancel_requested_at, message_seq, model_step_id, _ = row
     for outcome, values in zip(outcomes, call_values):
         for name, value in values.items():
             setattr(outcome.call, name, value)
     for name, value in step_values.items():
         setattr(cp.tools_step, name, value)
     _run_written(run, changes, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at,
-                 events=len(kinds))
-    _announce(run, event_seq=event_seq, kinds=kinds, payloads=payloads)
-    model_step = Step(pk=model_step_id, run_id=run.id, index=index, kind=StepKind.MODEL, status=StepStatus.RUNNING,
-                      started_at=now, lease_token=lease.token)
-    model_step._state.adding = False
-    model_step._state.db = connection.alias
+                 events=events)
+    model_step = _saved(Step(pk=model_step_id, run_id=run.id, index=index, kind=StepKind.MODEL,
+                             status=StepStatus.RUNNING, started_at=now, lease_token=lease.token))
     cp.carried = Checkpoint(run=run, latest_step=model_step,
-                            context=_context_extended(cp.context, messages, message_ids, message_seq))
+                            context=_context_extended(cp.context, messages, message_seq))
     return True
 
 
 # --- A model turn that asks for reads: the assistant message, the tools step and its calls -------------------
 
-_TURN_WITH_READS = _HEAD + """, ms AS (
-    UPDATE "runs_app_step" SET "status" = %(model_status)s, "finished_at" = %(model_finished_at)s,
-        "input_tokens" = %(input_tokens)s, "output_tokens" = %(output_tokens)s, "finish_reason" = %(finish_reason)s,
-        "context_manifest" = %(manifest)s, "streamed_text" = %(text)s
-    FROM r WHERE "runs_app_step"."id" = %(model_step)s AND "runs_app_step"."status" = 'running'
-        AND "runs_app_step"."lease_token" = %(token)s
-    RETURNING "runs_app_step"."id"
-), ts AS (
-    INSERT INTO "runs_app_step" ("run_id", "index", "kind", "status", "started_at", "finished_at", "input_tokens",
-        "output_tokens", "finish_reason", "context_manifest", "discard_reason", "streamed_text", "lease_token")
-    SELECT %(run)s, %(tools_index)s, 'tools', 'running', %(now)s, NULL, 0, 0, '', '{{}}'::jsonb, '', '', %(token)s
-    FROM r RETURNING "id"
-), tc AS (
+_TURN_WITH_READS = _Statement(
+    what="model turn with reads",
+    body=_MODEL_STEP_CLOSED + _step_opened("ts", StepKind.TOOLS) + """, tc AS (
     INSERT INTO "tools_app_toolcall" ("id", "run_id", "step_id", "index", "tool_call_id", "tool_name", "arguments",
         "effect", "status", "attempts", "idempotency_key", "reused_from_id", "result", "error_code", "error_detail",
         "created_at", "started_at", "finished_at", "next_attempt_at", "lease_token", "reconcile_attempts",
         "resolution", "resolved_by_id", "resolved_at", "evidence")
-    SELECT u.id, %(run)s, ts."id", u.ord - 1, u.tool_call_id, u.tool_name, u.arguments, u.effect, u.status, 0, NULL,
-        NULL, NULL, '', '', %(now)s, u.started_at, NULL, NULL, u.lease_token, 0, '', NULL, NULL, ''
-    FROM ts, unnest(%(t_id)s::uuid[], %(t_tool_call_id)s::varchar[], %(t_tool_name)s::varchar[],
-        %(t_arguments)s::jsonb[], %(t_effect)s::varchar[], %(t_status)s::varchar[], %(t_started_at)s::timestamptz[],
-        %(t_lease_token)s::bigint[])
-        WITH ORDINALITY AS u(id, tool_call_id, tool_name, arguments, effect, status, started_at, lease_token, ord)
+    SELECT (u.c->>'id')::uuid, %(run)s, ts."id", u.ord - 1, u.c->>'tool_call_id', u.c->>'tool_name', u.c->'arguments',
+        u.c->>'effect', u.c->>'status', 0, NULL, NULL, NULL, '', '', %(now)s,
+        CASE WHEN u.c->>'status' = 'running' THEN %(now)s END, NULL, NULL, (u.c->>'lease_token')::bigint, 0, '',
+        NULL, NULL, ''
+    FROM ts, jsonb_array_elements(%(doc)s->'calls') WITH ORDINALITY AS u(c, ord)
     RETURNING "id"
+)""",
+    returned='(SELECT "id" FROM ts)',
+    checks="(SELECT count(*) FROM ms) = 1 AND (SELECT count(*) FROM tc) = %(t_count)s",
 )
-SELECT (SELECT "event_seq" FROM r), (SELECT "snapshot_version" FROM r), (SELECT "cancel_requested_at" FROM r),
-    (SELECT "message_seq" FROM se), (SELECT "id" FROM ts), (SELECT array_agg("id" ORDER BY "seq") FROM m),
-    warden_fence_check(EXISTS (SELECT 1 FROM r) AND (SELECT count(*) FROM ms) = 1
-        AND (SELECT count(*) FROM tc) = %(t_count)s AND (SELECT count(*) FROM ev) = %(e_count)s, 'model turn with reads')
-"""
 
 
 def turn_with_reads(*, cp: Checkpoint, lease: Lease, step: Step, result, manifest: dict, rows: list[ToolCall],
@@ -277,43 +303,85 @@ def _turn_with_reads(*, cp: Checkpoint, lease: Lease, step: Step, result, manife
     if step.lease_token != lease.token:
         return False
     now = timezone.now()
-    step_values = step_transition_values(
-        step=step, to=StepStatus.COMPLETED, input_tokens=result.input_tokens, output_tokens=result.output_tokens,
-        finish_reason=result.finish_reason, context_manifest=manifest, streamed_text=result.text, finished_at=now,
-    )
-    kinds, payloads = _events(events)
-    sql = _TURN_WITH_READS.format(run_set=_run_set(changes))
+    step_values = _model_step_values(step, result, manifest, now)
+    events = _events(events)
+    calls_doc = [{"id": str(r.id), "tool_call_id": r.tool_call_id, "tool_name": r.tool_name, "arguments": r.arguments,
+                  "effect": r.effect, "status": r.status, "lease_token": r.lease_token} for r in rows]
     params = {
-        **_run_params(changes), "now": now, "run": run.id, "session": run.session_id, "token": lease.token,
-        "snapshot": run.snapshot_version, "m_count": 1, **_message_columns([assistant]),
-        "e_count": len(kinds), "e_type": kinds, "e_payload": payloads,
-        "model_step": step.pk, "model_status": step_values["status"], "model_finished_at": step_values["finished_at"],
-        "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
-        "finish_reason": result.finish_reason, "manifest": Jsonb(manifest), "text": result.text,
-        "tools_index": run.step_count, "t_count": len(rows),
-        "t_id": [r.id for r in rows], "t_tool_call_id": [r.tool_call_id for r in rows],
-        "t_tool_name": [r.tool_name for r in rows], "t_arguments": [Jsonb(r.arguments) for r in rows],
-        "t_effect": [r.effect for r in rows], "t_status": [r.status for r in rows],
-        "t_started_at": [r.started_at for r in rows], "t_lease_token": [r.lease_token for r in rows],
+        **_head_params(run=run, lease=lease, now=now, messages=[assistant], events=events, changes=changes,
+                       doc={"calls": calls_doc, "manifest": manifest}),
+        **_model_step_params(step, step_values, result), "new_index": run.step_count, "t_count": len(rows),
     }
-    row = _execute(sql, params)  # raises _Missed, having written nothing, unless every part matched
-    event_seq, snapshot, cancel_requested_at, message_seq, tools_step_id, message_ids, _ = row
+    row = _execute(_TURN_WITH_READS.sql(changes), params)  # raises _Missed, having written nothing, unless every part matched
+    event_seq, snapshot, cancel_requested_at, message_seq, tools_step_id, _ = row
     for name, value in step_values.items():
         setattr(step, name, value)
     _run_written(run, changes, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at,
-                 events=len(kinds))
-    _announce(run, event_seq=event_seq, kinds=kinds, payloads=payloads)
-    tools_step = Step(pk=tools_step_id, run_id=run.id, index=changes["step_count"] - 1, kind=StepKind.TOOLS,
-                      status=StepStatus.RUNNING, started_at=now, lease_token=lease.token)
-    for saved in (tools_step, *rows):
-        saved._state.adding = False
-        saved._state.db = connection.alias
+                 events=events)
+    tools_step = _saved(Step(pk=tools_step_id, run_id=run.id, index=changes["step_count"] - 1, kind=StepKind.TOOLS,
+                             status=StepStatus.RUNNING, started_at=now, lease_token=lease.token))
     for row_ in rows:
+        _saved(row_)
         row_.step_id = tools_step_id
         row_.created_at = now
+        if row_.status == ToolCallStatus.RUNNING:
+            row_.started_at = now
     open_calls = [r for r in rows if r.status in (ToolCallStatus.PENDING, ToolCallStatus.RUNNING)]
     cp.carried = Checkpoint(run=run, latest_step=tools_step, tools_step=tools_step, open_tool_calls=open_calls,
-                            context=_context_extended(cp.context, [assistant], message_ids, message_seq))
+                            context=_context_extended(cp.context, [assistant], message_seq))
+    return True
+
+
+# --- A model turn that answers: the assistant message, the run completed --------------------------------------
+
+# Taken only when ending the run asks nothing more than this statement writes: no input waits to
+# start the next run, the run asked for no write (its outcome is `none`), and no endpoint
+# subscribes to `run_completed` (no outbox rows to write). Otherwise run_end does it.
+_TURN_ANSWERED = _Statement(
+    what="model turn answered",
+    body=_MODEL_STEP_CLOSED,
+    returned="NULL",
+    checks="(SELECT count(*) FROM ms) = 1",
+    run_where="""
+        AND NOT EXISTS (SELECT 1 FROM "sessions_app_pendinginput" WHERE "session_id" = %(session)s
+            AND "consumed_at" IS NULL)
+        AND NOT EXISTS (SELECT 1 FROM "tools_app_toolcall" WHERE "run_id" = %(run)s AND "effect" = 'write')
+        AND NOT EXISTS (SELECT 1 FROM "runs_app_webhookendpoint" WHERE "active" AND %(notified)s = ANY("kinds"))""",
+)
+
+
+def turn_answered(*, cp: Checkpoint, lease: Lease, step: Step, result, manifest: dict, assistant: Message,
+                  events: list[tuple[str, dict]], changes: dict) -> bool:
+    """Commit a model turn that gives the final answer, completing the run, as `_commit_turn` and
+    run_end would, in one statement. False when it is not taken (nothing written)."""
+    return _taken(_turn_answered, cp=cp, lease=lease, step=step, result=result, manifest=manifest,
+                  assistant=assistant, events=events, changes=changes)
+
+
+def _turn_answered(*, cp: Checkpoint, lease: Lease, step: Step, result, manifest: dict, assistant: Message,
+                   events: list[tuple[str, dict]], changes: dict) -> bool:
+    run = cp.run
+    if step.lease_token != lease.token or run.cancel_requested_at is not None:
+        return False
+    now = timezone.now()
+    step_values = _model_step_values(step, result, manifest, now)
+    values, payload = dict(changes), {}
+    run_ending_outcome(values, payload, outcome=RunOutcome.NONE)
+    run_values, status_payload = run_transition_values(run=run, to=RunStatus.COMPLETED, event_payload=payload, **values)
+    run_values["finished_at"] = now
+    notified = notification_kind(RunEventType.RUN_STATUS, status_payload)
+    events = _events([*events, (RunEventType.RUN_STATUS, status_payload)], notifying=notified)
+    params = {
+        **_head_params(run=run, lease=lease, now=now, messages=[assistant], events=events, changes=run_values,
+                       doc={"manifest": manifest}),
+        **_model_step_params(step, step_values, result), "notified": notified,
+    }
+    row = _execute(_TURN_ANSWERED.sql(run_values), params)  # raises _Missed, having written nothing, unless every part matched
+    event_seq, snapshot, cancel_requested_at, *_ = row
+    for name, value in step_values.items():
+        setattr(step, name, value)
+    _run_written(run, run_values, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at,
+                 events=events)
     return True
 
 
@@ -328,16 +396,32 @@ def _taken(commit, *, cp: Checkpoint, **kwargs) -> bool:
         return False
 
 
-def _run_set(changes: dict) -> str:
-    return ", ".join(f'"{column}" = %(run_{column})s' for column in changes)
+def _model_step_values(step: Step, result, manifest: dict, now) -> dict:
+    return step_transition_values(
+        step=step, to=StepStatus.COMPLETED, input_tokens=result.input_tokens, output_tokens=result.output_tokens,
+        finish_reason=result.finish_reason, context_manifest=manifest, streamed_text=result.text, finished_at=now,
+    )
+
+
+def _model_step_params(step: Step, values: dict, result) -> dict:
+    return {"model_step": step.pk, "model_status": values["status"], "model_finished_at": values["finished_at"],
+            "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
+            "finish_reason": result.finish_reason, "text": result.text}
 
 
 def _run_params(changes: dict) -> dict:
     return {f"run_{column}": value for column, value in changes.items()}
 
 
+def _saved(instance):
+    """A model instance for a row the statement wrote (as if read back, without reading it)."""
+    instance._state.adding = False
+    instance._state.db = connection.alias
+    return instance
+
+
 def _run_written(run: Run, changes: dict, *, event_seq: int, snapshot: int, cancel_requested_at,
-                 events: int) -> None:
+                 events: list[dict]) -> None:
     for name, value in changes.items():
         setattr(run, name, value)
     run.event_seq = event_seq
@@ -346,26 +430,17 @@ def _run_written(run: Run, changes: dict, *, event_seq: int, snapshot: int, canc
     # The snapshot matched: nobody wrote to the run since the worker read or wrote it last. That
     # is not "the worker saw everything": input queued before a fresh read is still unseen until
     # a safe point looks, so what the safe point knows is kept as run_write keeps it.
-    run_written_by_lease_holder(run_id=run.id, event_seq=event_seq, events=events)
+    run_written_by_lease_holder(run_id=run.id, event_seq=event_seq, events=len(events))
+    first = event_seq - len(events) + 1
+    publish_events_on_commit(session_id=run.session_id, run_id=run.id,
+                             events=[{"seq": first + i, **event} for i, event in enumerate(events)])
 
 
-def _announce(run: Run, *, event_seq: int, kinds: list[str], payloads: list[Jsonb]) -> None:
-    first = event_seq - len(kinds) + 1
-    publish_events_on_commit(
-        session_id=run.session_id, run_id=run.id,
-        events=[{"seq": first + i, "type": kind, "payload": payload.obj} for i, (kind, payload) in enumerate(zip(kinds, payloads))],
-    )
-
-
-def _context_extended(cached: CachedContext | None, messages: list[Message], ids: list[int] | None,
-                      message_seq: int) -> CachedContext | None:
+def _context_extended(cached: CachedContext | None, messages: list[Message], message_seq: int) -> CachedContext | None:
     """The cached context with this commit's messages appended, or None (read it again) when the
     session got messages from elsewhere meanwhile or they no longer fit the window."""
-    for message, pk, offset in zip(messages, ids or [], range(len(messages))):
-        message.pk = pk
+    for offset, message in enumerate(messages):
         message.seq = message_seq - len(messages) + 1 + offset
-        message._state.adding = False
-        message._state.db = connection.alias
     if cached is None or cached.message_seq != message_seq - len(messages):
         return None
     cost = sum(message_cost(m) for m in messages)

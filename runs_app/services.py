@@ -57,6 +57,12 @@ def run_written_by_lease_holder(*, run_id, event_seq: int, events: int) -> None:
         _lease_holder_seq.pop(key, None)
 
 
+def run_lease_holder_forget(*, run_id) -> None:
+    """The worker's time slice is over: what it knew ends with it (the next claim, here or in
+    another process, records nothing either), and a long-lived worker keeps no entry per run."""
+    _lease_holder_seq.pop(str(run_id), None)
+
+
 @dataclass(frozen=True)
 class RunWrite:
     """What a fenced run write returned."""
@@ -177,11 +183,8 @@ def run_transition(
     returns False if someone else changed the run first. Writes the status event with it, after
     `events_before` (what led to the change, e.g. the step that gave the final answer) and
     before `extra_events`."""
-    check_transition(RUN_TRANSITIONS, "run", run.status, to)
-    values = {"status": to, **_shape_for(to, phase, wait_reason), **changes}
-    payload = {"status": to, "phase": values["phase"], "wait_reason": values["wait_reason"], **(event_payload or {})}
-    if to == RunStatus.FAILED:
-        payload.update(error_code=values.get("error_code", ""), error_detail=values.get("error_detail", ""))
+    values, payload = run_transition_values(run=run, to=to, phase=phase, wait_reason=wait_reason,
+                                            event_payload=event_payload, **changes)
     with transaction.atomic(savepoint=False):  # part of the caller's commit, if there is one
         written = run_write(
             run_id=run.id,
@@ -199,6 +202,20 @@ def run_transition(
     run.event_seq = written.event_seq
     run.snapshot_version = written.snapshot_version
     return True
+
+
+def run_transition_values(*, run: Run, to: str, phase: str = "", wait_reason: str = "", event_payload: dict | None = None,
+                          **changes: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The columns a move of `run` to `to` sets (the shape its status requires, and `changes`)
+    and its `run_status` event's payload, after checking RUN_TRANSITIONS (IllegalTransition
+    otherwise). `run_transition` writes them; the engine's one-statement step commits
+    (engine/step_commit.py) write the same values under the same fence."""
+    check_transition(RUN_TRANSITIONS, "run", run.status, to)
+    values = {"status": to, **_shape_for(to, phase, wait_reason), **changes}
+    payload = {"status": to, "phase": values["phase"], "wait_reason": values["wait_reason"], **(event_payload or {})}
+    if to == RunStatus.FAILED:
+        payload.update(error_code=values.get("error_code", ""), error_detail=values.get("error_detail", ""))
+    return values, payload
 
 
 @dataclass(frozen=True)

@@ -167,13 +167,19 @@ def run_end(
             values |= {"error_code": error_code, "error_detail": error_detail[:2000]}
         if to == RunStatus.CANCELLED:
             payload["reason"] = run.cancel_reason
-        # Beside the status, what the run's writes came to (a refused refund is `completed`).
-        values["outcome"] = payload["outcome"] = run_outcome(run_id=run.id)
+        run_ending_outcome(values, payload, outcome=run_outcome(run_id=run.id))
         ended = run_transition(run=run, to=to, lease_token=lease_token, event_payload=payload,
                                events_before=events_before, **values)
         if ended:
             run_start_next(session_id=run.session_id)
     return ended
+
+
+def run_ending_outcome(values: dict, payload: dict, *, outcome: str) -> None:
+    """Beside the status, what the run's writes came to (a refused refund is `completed`): stored
+    with the terminal status and told in its event. The one-statement completion of a run
+    (engine/step_commit.py) sets it the same way."""
+    values["outcome"] = payload["outcome"] = outcome
 
 
 def _close_unstarted(*, run: Run, lease_token: int | None, ending: str) -> None:

@@ -8,17 +8,19 @@ tool call moved under it. The engine runs in this process, as a worker task runs
 import dataclasses
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from engine import step_commit
 from engine.actions.messages import message_post
 from engine.context import manifest_covers
 from engine.loop import run_drive
-from runs_app.models import Run, RunEvent, RunStatus, Step
+from runs_app.models import Agent, NotificationKind, Run, RunEvent, RunStatus, Step, WebhookDelivery, WebhookEndpoint
 from sessions_app.models import InputMode, Message, Session
 from sessions_app.services import session_create
 from tests.factories import UserFactory
 from tools_app import registry
+from tools_app.demo.agent import DEMO_AGENT_SLUG
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,6 +70,7 @@ def written(run: Run) -> dict:
 def general_path_only(monkeypatch):
     monkeypatch.setattr(step_commit, "reads_finished", lambda **kwargs: False)
     monkeypatch.setattr(step_commit, "turn_with_reads", lambda **kwargs: False)
+    monkeypatch.setattr(step_commit, "turn_answered", lambda **kwargs: False)
 
 
 def hook_noop(monkeypatch, during):
@@ -102,7 +105,7 @@ def test_one_statement_commits_write_what_the_general_path_writes(simulator, dem
 def test_a_run_of_reads_costs_about_one_statement_a_step(demo_world):
     run, sent = drive(start("please run noop 10"))
     assert run.status == RunStatus.COMPLETED and run.step_count == 21
-    assert sum(ONE_STATEMENT in sql for sql in sent) == 20  # every step boundary but the last
+    assert sum(ONE_STATEMENT in sql for sql in sent) == 21  # every step boundary, the final answer too
     assert len(sent) < 2.5 * run.step_count  # the claim, the first step and the end are the rest
 
 
@@ -205,3 +208,44 @@ def test_input_that_arrives_during_a_model_call_is_not_forgotten(demo_world, mon
              if manifest_covers(s.context_manifest, supplement.seq)]
     assert shown, "no model call was shown the supplement"
     assert_history_gap_free(run.session_id)
+
+
+def test_input_waiting_when_the_run_answers_starts_the_next_run(demo_world, monkeypatch):
+    """A queued input must start the next run in the commit that ends this one: the final answer's
+    statement leaves that to run_end."""
+    user = UserFactory()
+    run = start("please run noop 2", user=user)
+
+    def queue(ctx, args):
+        if args.i == 1:
+            message_post(session=Session.objects.get(pk=ctx.session_id), content="what is the weather in Paris",
+                         mode=InputMode.QUEUE, acting_user=user)
+
+    hook_noop(monkeypatch, queue)
+    run, _ = drive(run)
+    assert run.status == RunStatus.COMPLETED and run.outcome == "none"
+    following = Run.objects.exclude(pk=run.pk).get(session_id=run.session_id)
+    assert following.status == RunStatus.QUEUED
+    assert following.messages.get().content == "what is the weather in Paris"
+
+
+def test_a_subscribed_run_completed_notification_goes_to_the_outbox(demo_world):
+    WebhookEndpoint.objects.create(name="done", url="https://example.invalid/hook", kinds=[NotificationKind.RUN_COMPLETED])
+    run, _ = drive(start("please run noop 1"))
+    assert run.status == RunStatus.COMPLETED
+    completed = RunEvent.objects.get(run=run, type="run_status", payload__status="completed")
+    (delivery,) = WebhookDelivery.objects.filter(run=run)
+    assert (delivery.kind, delivery.event_seq) == (NotificationKind.RUN_COMPLETED, completed.seq)
+
+
+def test_an_answer_after_a_write_ends_through_run_end_with_the_writes_outcome(simulator, demo_world):
+    """The statement knows only the outcome of a run that asked for no write (`none`)."""
+    call_command("demo_setup", verbosity=0)  # the demo agent: a refund of 4.50 needs no approval (DEMO.md)
+    user = UserFactory()
+    session = session_create(owner=user, title="t", agent=Agent.objects.get(slug=DEMO_AGENT_SLUG))
+    run = message_post(session=session, content="Check order 9541 and refund it if it's eligible", acting_user=user,
+                       provider_options={"delay": 0}).run
+    run, _ = drive(run)
+    assert run.status == RunStatus.COMPLETED, run.error_detail
+    refund = ToolCall.objects.get(run=run, tool_name="execute_refund")
+    assert refund.status == ToolCallStatus.SUCCEEDED and run.outcome == "applied"
