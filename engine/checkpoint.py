@@ -1,8 +1,12 @@
 """Reading the checkpoint a worker resumes from, and what it says about the run's budgets."""
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection
+
+from config import rows
 from engine.lease import Lease
 from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus
 from runs_app.transitions import LeaseLost
@@ -52,11 +56,33 @@ class Checkpoint:
         return step is not None and step.kind == StepKind.MODEL and step.status == StepStatus.COMPLETED
 
 
-def checkpoint_load(*, run_id, lease: Lease) -> Checkpoint:
-    run = Run.objects.get(pk=run_id)
+@functools.cache
+def _run_and_latest_step() -> str:
+    """The run and its latest step, in one statement of fixed columns (config.rows: no ORM compiling)."""
+    return (
+        f'SELECT {rows.columns(Run, "r")}, {rows.columns(Step, "s")} FROM "runs_app_run" r '
+        'LEFT JOIN LATERAL (SELECT * FROM "runs_app_step" WHERE "run_id" = r."id" ORDER BY "index" DESC LIMIT 1) s '
+        'ON TRUE WHERE r."id" = %s'
+    )
+
+
+def checkpoint_load(*, run_id, lease: Lease, run: Run | None = None) -> Checkpoint:
+    """What the worker resumes from: the run (or `run`, as its claim just read it), its latest
+    step, and that step's open tool calls."""
+    if run is None:
+        with connection.cursor() as cursor:
+            cursor.execute(_run_and_latest_step(), [run_id])
+            row = cursor.fetchone()
+        if row is None:
+            raise Run.DoesNotExist(f"run {run_id}")
+        run = rows.instance(Run, row)
+        step_offset = rows.width(Run)
+        latest = rows.instance(Step, row, step_offset) if row[step_offset] is not None else None
+    else:
+        # A run's steps are numbered by step_count: a run that counts none has none.
+        latest = Step.objects.filter(run_id=run_id).order_by("-index").first() if run.step_count else None
     if run.lease_token != lease.token or (run.status == RunStatus.RUNNING and run.lease_owner != lease.owner):
         raise LeaseLost(f"run {run_id}: token {run.lease_token} is not ours ({lease.token})")
-    latest = Step.objects.filter(run_id=run_id).order_by("-index").first()
     cp = Checkpoint(run=run, latest_step=latest)
     if latest is not None and latest.kind == StepKind.TOOLS and latest.status == StepStatus.RUNNING:
         cp.tools_step = latest

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
+from django.db import connection
 
 from runs_app.models import ContextSummary
 from runs_app.providers.base import SUPPLEMENT_NOTE, Provider
-from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput
+from sessions_app.models import InputDisposition, Message, MessageRole
 
 SYSTEM_PROMPT = (
     "You are Warden's customer-service agent. You can look up orders, user levels and the "
@@ -39,7 +39,7 @@ def estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def message_to_openai(message: Message) -> dict:
+def message_to_openai(message: "Message | HistoryMessage") -> dict:
     if message.role == MessageRole.TOOL:
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     content = message.content
@@ -54,11 +54,11 @@ def message_to_openai(message: Message) -> dict:
     return entry
 
 
-def message_cost(message: Message) -> int:
+def message_cost(message: "Message | HistoryMessage") -> int:
     return estimate_tokens(message.content) + (estimate_tokens(json.dumps(message.tool_calls)) if message.tool_calls else 0)
 
 
-def _cost(block: list[Message]) -> int:
+def _cost(block: list) -> int:
     return sum(message_cost(m) for m in block)
 
 
@@ -106,33 +106,66 @@ class BuiltContext:
     cacheable: CachedContext | None = None
 
 
+@dataclass(slots=True)
+class HistoryMessage:
+    """A message of the history as model context needs it (what Message has of it, and whether it
+    came in as a supplement while a run worked)."""
+
+    seq: int
+    role: str
+    content: str
+    tool_calls: list
+    tool_call_id: str
+    is_supplement: bool
+
+
 @dataclass
 class _Newest:
     """Blocks of history read from the end: kept while they fit."""
 
-    blocks: list[list[Message]] = field(default_factory=list)  # newest first
+    blocks: list[list[HistoryMessage]] = field(default_factory=list)  # newest first
     reached_floor: bool = False
 
 
-def _history(session_id):
-    supplement = PendingInput.objects.filter(message=OuterRef("pk"), disposition=InputDisposition.SUPPLEMENTED)
-    return (
-        Message.objects.filter(session_id=session_id)
-        .only("seq", "role", "content", "tool_calls", "tool_call_id")
-        .annotate(is_supplement=Exists(supplement))
-    )
+_HISTORY = (
+    'SELECT m."seq", m."role", m."content", m."tool_calls", m."tool_call_id", EXISTS (SELECT 1 FROM '
+    '"sessions_app_pendinginput" p WHERE p."message_id" = m."id" AND p."disposition" = %s) '
+    'FROM "sessions_app_message" m WHERE m."session_id" = %s AND m."seq" > %s AND m."seq" <= %s '
+    'ORDER BY m."seq" {order} LIMIT %s'
+)
+_NO_LIMIT = 2**31 - 1
+
+
+def _history(*, session_id, after_seq: int, through_seq: int = _NO_LIMIT, newest_first: bool = False,
+             limit: int = _NO_LIMIT) -> list[HistoryMessage]:
+    """Messages with after_seq < seq <= through_seq, in one fixed statement (no ORM compiling:
+    the first model call of every slice reads its context)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HISTORY.format(order="DESC" if newest_first else "ASC"),
+                       [InputDisposition.SUPPLEMENTED, session_id, after_seq, through_seq, limit])
+        rows = cursor.fetchall()
+    # JSON columns arrive as text on Django's connections.
+    return [HistoryMessage(seq, role, content, json.loads(tool_calls), tool_call_id, is_supplement)
+            for seq, role, content, tool_calls, tool_call_id, is_supplement in rows]
+
+
+def _latest_summary(session_id) -> ContextSummary | None:
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT "id", "covers_through_seq", "content" FROM "runs_app_contextsummary" '
+                       'WHERE "session_id" = %s ORDER BY "covers_through_seq" DESC LIMIT 1', [session_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return ContextSummary(id=row[0], session_id=session_id, covers_through_seq=row[1], content=row[2])
 
 
 def _newest_blocks(*, session_id, after_seq: int, budget: int) -> _Newest:
     """The newest blocks with seq > after_seq that fit in `budget` tokens, read page by page."""
     found = _Newest()
-    pending_tools: list[Message] = []
-    before = None
+    pending_tools: list[HistoryMessage] = []
+    before = _NO_LIMIT + 1
     while True:
-        page = _history(session_id).filter(seq__gt=after_seq)
-        if before is not None:
-            page = page.filter(seq__lt=before)
-        rows = list(page.order_by("-seq")[:PAGE])
+        rows = _history(session_id=session_id, after_seq=after_seq, through_seq=before - 1, newest_first=True, limit=PAGE)
         for message in rows:
             if message.role == MessageRole.TOOL:
                 pending_tools.append(message)
@@ -162,7 +195,7 @@ def context_build(*, session_id, provider: Provider | None = None, window_tokens
     system_prompt = instructions or SYSTEM_PROMPT
     window = window_tokens or settings.WARDEN_CONTEXT_TOKENS
     budget = window - estimate_tokens(system_prompt)
-    summary = ContextSummary.objects.filter(session_id=session_id).order_by("-covers_through_seq").first()
+    summary = _latest_summary(session_id)
     covered = summary.covers_through_seq if summary else 0
     summary_cost = estimate_tokens(SUMMARY_PREFIX + summary.content) if summary else 0
     newest = _newest_blocks(session_id=session_id, after_seq=covered, budget=budget - summary_cost)
@@ -219,7 +252,7 @@ def _summarize(*, session_id, previous: ContextSummary | None, through_seq: int,
     if existing is not None:
         return existing, 0
     start = previous.covers_through_seq if previous else 0
-    folded = [message_to_openai(m) for m in _history(session_id).filter(seq__gt=start, seq__lte=through_seq).order_by("seq")]
+    folded = [message_to_openai(m) for m in _history(session_id=session_id, after_seq=start, through_seq=through_seq)]
     made = provider.summarize(previous=previous.content if previous else "", messages=folded,
                               max_tokens=max(64, window // 4))
     summary, _ = ContextSummary.objects.get_or_create(

@@ -6,6 +6,7 @@ later write is conditional on the token (runs_app.services.run_write), so a work
 stalls past its lease and wakes up finds its writes refused.
 """
 
+import functools
 import logging
 import os
 import socket
@@ -18,10 +19,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from config import rows
 from runs_app import liveness
 from runs_app.events import RunEventType
-from runs_app.models import RunPhase, RunStatus
-from runs_app.services import run_write
+from runs_app.models import Run, RunPhase, RunStatus
+from runs_app.services import run_seen_by_lease_holder, run_write
 
 logger = logging.getLogger("warden.lease")
 
@@ -40,35 +42,45 @@ class Lease:
     owner: str
     token: int
     session_id: str = ""
+    # The run as the claim left it (read under the claim's row lock, with the claim's own
+    # changes): the worker's first checkpoint, without reading it again.
+    run: Run | None = None
+
+
+@functools.cache
+def _claimable() -> str:
+    return (
+        f'SELECT {rows.columns(Run, "r")}, EXISTS (SELECT 1 FROM "sessions_app_pendinginput" p '
+        'WHERE p."session_id" = r."session_id" AND p."consumed_at" IS NULL) '
+        'FROM "runs_app_run" r WHERE r."id" = %s AND r."status" = %s FOR NO KEY UPDATE OF r SKIP LOCKED'
+    )
 
 
 def run_claim(*, run_id, owner: str) -> Lease | None:
     """Take a queued run, or None when it is not claimable (not queued, or another worker is
-    claiming it right now). One statement: the row lock is taken with SKIP LOCKED, so two
-    workers racing for one run never wait on each other and exactly one wins."""
+    claiming it right now). The row lock is taken with SKIP LOCKED, so two workers racing for
+    one run never wait on each other and exactly one wins."""
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(
-                'SELECT "lease_token", "updated_at", "started_at" FROM "runs_app_run" '
-                'WHERE "id" = %s AND "status" = %s FOR NO KEY UPDATE SKIP LOCKED',
-                [run_id, RunStatus.QUEUED],
-            )
+            cursor.execute(_claimable(), [run_id, RunStatus.QUEUED])
             row = cursor.fetchone()
         if row is None:
             return None
+        run, input_waiting = rows.instance(Run, row), row[-1]
         now = timezone.now()
         # Queue pickup latency: since the run was last queued (or re-announced by the sweeper).
-        liveness.observe("queue_pickup_seconds", max(0.0, (now - row[1]).total_seconds()))
+        liveness.observe("queue_pickup_seconds", max(0.0, (now - run.updated_at).total_seconds()))
+        changes = {
+            "status": RunStatus.RUNNING,
+            "phase": RunPhase.PREPARING_CONTEXT,
+            "lease_owner": owner,
+            "lease_expires_at": lease_expiry(),
+            # The first claim starts the run's clock (read under the row lock just taken).
+            **({"started_at": now} if run.started_at is None else {}),
+        }
         written = run_write(
             run_id=run_id,
-            changes={
-                "status": RunStatus.RUNNING,
-                "phase": RunPhase.PREPARING_CONTEXT,
-                "lease_owner": owner,
-                "lease_expires_at": lease_expiry(),
-                # The first claim starts the run's clock (read under the row lock just taken).
-                **({"started_at": now} if row[2] is None else {}),
-            },
+            changes=changes,
             events=[
                 (
                     RunEventType.RUN_STATUS,
@@ -77,15 +89,23 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
                         "phase": RunPhase.PREPARING_CONTEXT,
                         "wait_reason": "",
                         "lease_owner": owner,
-                        "lease_token": row[0] + 1,
-                        "previous_lease_token": row[0],
+                        "lease_token": run.lease_token + 1,
+                        "previous_lease_token": run.lease_token,
                     },
                 )
             ],
             expect_statuses=[RunStatus.QUEUED],
             new_lease_token=True,
         )
-    return Lease(run_id=str(run_id), owner=owner, token=written.lease_token, session_id=str(written.session_id))
+    for name, value in changes.items():
+        setattr(run, name, value)
+    run.lease_token, run.event_seq, run.snapshot_version = written.lease_token, written.event_seq, written.snapshot_version
+    run.updated_at = now
+    if not input_waiting:
+        # No input was waiting under the claim's lock: the worker has seen all there is up to
+        # this event seq (input posted since writes an event of its own, after it).
+        run_seen_by_lease_holder(run)
+    return Lease(run_id=str(run_id), owner=owner, token=written.lease_token, session_id=str(written.session_id), run=run)
 
 
 class Heartbeat(threading.Thread):

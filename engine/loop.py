@@ -98,13 +98,14 @@ class Driver:
 
     def drive(self) -> str:
         carried: Checkpoint | None = None
+        claimed = self.lease.run  # the first pass starts from the run as the claim left it
         while True:
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.lease.run_id}: heartbeat found the lease gone")
             # After a one-statement step commit the worker knows the checkpoint it leads to
             # (engine/step_commit.py); after anything else it reads it again.
-            cp = carried or checkpoint_load(run_id=self.lease.run_id, lease=self.lease)
-            carried = None
+            cp = carried or checkpoint_load(run_id=self.lease.run_id, lease=self.lease, run=claimed)
+            carried = claimed = None
             if cp.run.status != RunStatus.RUNNING:
                 return cp.run.status
             try:

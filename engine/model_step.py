@@ -22,7 +22,7 @@ from engine.interjections import inputs_at_safe_point
 from engine.lease import Heartbeat, Lease
 from engine.tool_exec import tool_call_rows, tool_calls_create
 from runs_app.events import RunEventType
-from runs_app.live import StepDeltas
+from runs_app.live import step_deltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from runs_app.providers import get_provider
 from runs_app.selectors import run_agent_version, run_offered_tools
@@ -94,20 +94,17 @@ def model_step_open(*, run: Run, lease: Lease, close_tools_step: Step | None = N
     so a run that crashes its worker mid-call still runs out of budget). A tools step whose
     last call was closed elsewhere (a decision, a reconciliation) is completed with it."""
     index = run.step_count
+    changes = {"phase": RunPhase.CALLING_MODEL, "model_calls": run.model_calls + 1, "step_count": index + 1}
+    events = [(RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}),
+              (RunEventType.RUN_STATUS, _running(RunPhase.CALLING_MODEL))]
+    if close_tools_step is None:
+        step = step_commit.model_step_opened(run=run, lease=lease, changes=changes, events=events)
+        if step is not None:
+            return step  # one statement, the run's fields updated (engine/step_commit.py)
     with transaction.atomic():
         if close_tools_step is not None:
             step_transition(step=close_tools_step, to=StepStatus.COMPLETED, lease_token=lease.token)
-        written = run_write(
-            run_id=run.id,
-            changes={
-                "phase": RunPhase.CALLING_MODEL,
-                "model_calls": run.model_calls + 1,
-                "step_count": index + 1,
-            },
-            events=[(RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}),
-                    (RunEventType.RUN_STATUS, _running(RunPhase.CALLING_MODEL))],
-            lease_token=lease.token,
-        )
+        written = run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
         step = step_create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
     # What this write left the run at: a one-statement commit of the turn checks it is still so.
     run.event_seq, run.snapshot_version = written.event_seq, written.snapshot_version
@@ -258,7 +255,7 @@ def _rejected(*, cp: Checkpoint, lease: Lease, step: Step, result: StreamResult,
 
 def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat: Heartbeat) -> StreamResult:
     result = StreamResult()
-    out = StepDeltas(session_id=run.session_id, run_id=run.id, step=step.index)
+    out = step_deltas(session_id=run.session_id, run_id=run.id, step=step.index)
     heartbeat.streaming(step_id=step.pk, text_getter=lambda: result.text)
     slots = _CallSlots()
     try:

@@ -110,23 +110,30 @@ def _message_rows(messages: list[Message]) -> list[dict]:
 
 # The session row first (every writer's order), then the run row under the fence; the rest only
 # when the run's UPDATE matched. `doc` holds the rows: {"messages": [...], "events": [...], ...}.
-_HEAD = """
+# A commit that adds nothing to the history leaves the session row alone (`_RUN` without `se`).
+_SESSION = """
 WITH se AS (
     UPDATE "sessions_app_session" SET "message_seq" = "message_seq" + %(m_count)s, "updated_at" = %(now)s
     WHERE "id" = %(session)s RETURNING "message_seq"
-), r AS (
+), """
+
+_RUN = """r AS (
     UPDATE "runs_app_run" SET {run_set}, "event_seq" = "event_seq" + %(e_count)s,
         "snapshot_version" = "snapshot_version" + 1, "updated_at" = %(now)s
     WHERE "id" = %(run)s AND "lease_token" = %(token)s AND "snapshot_version" = %(snapshot)s AND "status" = 'running'
-        AND EXISTS (SELECT 1 FROM se){run_where}
+        {after_session}{run_where}
     RETURNING "event_seq", "snapshot_version", "cancel_requested_at"
-), m AS (
+)"""
+
+_MESSAGES = """, m AS (
     INSERT INTO "sessions_app_message" ("session_id", "seq", "role", "content", "tool_calls", "tool_call_id",
         "tool_name", "run_id", "step_id", "created_at")
     SELECT %(session)s, se."message_seq" - %(m_count)s + u.ord, u.m->>'role', u.m->>'content', u.m->'tool_calls',
         u.m->>'tool_call_id', u.m->>'tool_name', %(run)s, (u.m->>'step_id')::bigint, %(now)s
     FROM se, r, jsonb_array_elements(%(doc)s->'messages') WITH ORDINALITY AS u(m, ord)
-), ev AS (
+)"""
+
+_EVENTS = """, ev AS (
     INSERT INTO "runs_app_runevent" ("run_id", "seq", "type", "payload", "created_at")
     SELECT %(run)s, r."event_seq" - %(e_count)s + e.ord, e.ev->>'type', e.ev->'payload', %(now)s
     FROM r, jsonb_array_elements(%(doc)s->'events') WITH ORDINALITY AS e(ev, ord)
@@ -135,7 +142,7 @@ WITH se AS (
 
 _TAIL = """
 SELECT (SELECT "event_seq" FROM r), (SELECT "snapshot_version" FROM r), (SELECT "cancel_requested_at" FROM r),
-    (SELECT "message_seq" FROM se), {returned},
+    {message_seq}, {returned},
     warden_fence_check(EXISTS (SELECT 1 FROM r) AND (SELECT count(*) FROM ev) = %(e_count)s AND {checks}, '{what}')
 """
 
@@ -169,6 +176,7 @@ class _Statement:
     returned: str
     checks: str
     run_where: str = ""
+    history: bool = True  # it appends messages to the session's history
 
     def sql(self, changes: dict) -> str:
         return _sql(self, tuple(changes))
@@ -176,9 +184,13 @@ class _Statement:
 
 @functools.lru_cache(maxsize=None)
 def _sql(statement: _Statement, columns: tuple[str, ...]) -> str:
-    run_set = ", ".join(f'"{column}" = %(run_{column})s' for column in columns)
-    return (_HEAD.format(run_set=run_set, run_where=statement.run_where) + statement.body
-            + _TAIL.format(returned=statement.returned, checks=statement.checks, what=statement.what))
+    run = _RUN.format(run_set=", ".join(f'"{column}" = %(run_{column})s' for column in columns),
+                      after_session="AND EXISTS (SELECT 1 FROM se)" if statement.history else "",
+                      run_where=statement.run_where)
+    head = _SESSION + run + _MESSAGES if statement.history else "\nWITH " + run
+    tail = _TAIL.format(message_seq='(SELECT "message_seq" FROM se)' if statement.history else "NULL",
+                        returned=statement.returned, checks=statement.checks, what=statement.what)
+    return head + _EVENTS + statement.body + tail
 
 
 def _head_params(*, run: Run, lease: Lease, now, messages: list[Message], events: list[dict], changes: dict,
@@ -266,6 +278,36 @@ def _reads_finished(*, cp: Checkpoint, lease: Lease, outcomes: list) -> bool:
     cp.carried = Checkpoint(run=run, latest_step=model_step,
                             context=_context_extended(cp.context, messages, message_seq))
     return True
+
+
+# --- A model step opened: the run calls its model (the first step of a slice) ------------------------------
+
+_MODEL_STEP_OPENED = _Statement(
+    what="model step opened",
+    body=_step_opened("ns", StepKind.MODEL),
+    returned='(SELECT "id" FROM ns)',
+    checks="(SELECT count(*) FROM ns) = 1",
+    history=False,
+)
+
+
+def model_step_opened(*, run: Run, lease: Lease, changes: dict, events: list[tuple[str, dict]]) -> Step | None:
+    """Open the run's next model step (`changes` count it), in one statement, as model_step_open
+    would; None when it is not taken (nothing written)."""
+    now = timezone.now()
+    events = _events(events)
+    params = {**_head_params(run=run, lease=lease, now=now, messages=[], events=events, changes=changes, doc={}),
+              "new_index": run.step_count}
+    try:
+        event_seq, snapshot, cancel_requested_at, _, step_id, _ = _execute(_MODEL_STEP_OPENED.sql(changes), params)
+    except _Missed as missed:
+        logger.debug("run %s: one-statement commit not taken (%s)", run.id, missed)
+        return None
+    index = run.step_count
+    _run_written(run, changes, event_seq=event_seq, snapshot=snapshot, cancel_requested_at=cancel_requested_at,
+                 events=events)
+    return _saved(Step(pk=step_id, run_id=run.id, index=index, kind=StepKind.MODEL, status=StepStatus.RUNNING,
+                       started_at=now, lease_token=lease.token))
 
 
 # --- A model turn that asks for reads: the assistant message, the tools step and its calls -------------------

@@ -93,6 +93,30 @@ SO_FAR_LIMIT = 16_000
 KEYFRAME_SECONDS = 1.0
 
 
+def step_deltas(*, session_id, run_id, step: int) -> "StepDeltas | SilentDeltas":
+    """Where a model step's stream goes out: nowhere without a channel layer (publishing off)."""
+    if get_channel_layer() is None:
+        return SilentDeltas()
+    return StepDeltas(session_id=session_id, run_id=run_id, step=step)
+
+
+class SilentDeltas:
+    """StepDeltas with no channel layer to send to: every piece is dropped at once, without
+    handing it to the publisher thread and waiting for it there."""
+
+    def text(self, text: str) -> bool:
+        return False
+
+    def call(self, *, index: int, id: str, name: str, arguments: str) -> bool:
+        return False
+
+    def close(self, text: str) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
 class StepDeltas:
     """One model step's stream, published as deltas: text {kind: text_delta, step, offset, text
     [, so_far]} and tool-call argument fragments {kind: tool_call_delta, step, index, id, name,

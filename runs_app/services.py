@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
@@ -113,11 +114,18 @@ def run_write(
         where.append('"lease_token" = %s')
         params.append(lease_token)
     sql = (
-        f'UPDATE "runs_app_run" SET {", ".join(assignments)} WHERE {" AND ".join(where)} '
-        'RETURNING "session_id", "status", "event_seq", "snapshot_version", "cancel_requested_at", "lease_token"'
+        f'WITH r AS (UPDATE "runs_app_run" SET {", ".join(assignments)} WHERE {" AND ".join(where)} '
+        'RETURNING "session_id", "status", "event_seq", "snapshot_version", "cancel_requested_at", "lease_token")'
     )
+    now = timezone.now()
+    if events:
+        # The events go in the same statement, numbered from the seq the UPDATE allocated.
+        sql += (', ev AS (INSERT INTO "runs_app_runevent" ("run_id", "seq", "type", "payload", "created_at") '
+                'SELECT %s, r."event_seq" - %s + e.ord, e.ev->>\'type\', e.ev->\'payload\', %s '
+                'FROM r, jsonb_array_elements(%s) WITH ORDINALITY AS e(ev, ord))')
+        params += [run_id, len(events), now, Jsonb([{"type": kind.value, "payload": payload} for kind, payload in events])]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql + " SELECT * FROM r", params)
         row = cursor.fetchone()
     if row is None:
         if raise_on_miss or lease_token is not None:
@@ -129,10 +137,9 @@ def run_write(
     if events:
         first_seq = written.event_seq - len(events) + 1
         records = [
-            RunEvent(run_id=run_id, seq=first_seq + i, type=kind.value, payload=payload)
+            RunEvent(run_id=run_id, seq=first_seq + i, type=kind.value, payload=payload, created_at=now)
             for i, (kind, payload) in enumerate(events)
         ]
-        RunEvent.objects.bulk_create(records)
         notifications_for_events(run_id=run_id, session_id=written.session_id, events=records)
         publish_events_on_commit(
             session_id=written.session_id,
