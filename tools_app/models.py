@@ -47,8 +47,10 @@ class ToolCall(models.Model):
     # Business idempotency key for writes, committed before the first network call and sent
     # downstream. A repeated request for the same action points at the original call instead.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # db_index=False, and for resolved_by too: almost every call has none, so a partial index
+    # (Meta.indexes) serves the look-ups without an entry for each call written.
     reused_from = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reused_by"
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reused_by", db_index=False
     )
     result = models.JSONField(null=True, blank=True)
     error_code = models.CharField(max_length=40, blank=True)
@@ -65,7 +67,7 @@ class ToolCall(models.Model):
     reconcile_attempts = models.PositiveIntegerField(default=0)
     resolution = models.CharField(max_length=12, choices=Resolution.choices, blank=True)
     resolved_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
     resolved_at = models.DateTimeField(null=True, blank=True)
     evidence = models.TextField(blank=True)
@@ -110,6 +112,8 @@ class ToolCall(models.Model):
             GinIndex(fields=["arguments"], name="tool_call_arguments_search"),
             # The desk's list of tool calls, newest first.
             models.Index(fields=["-created_at", "-id"], name="tool_call_recent"),
+            models.Index(fields=["reused_from"], condition=Q(reused_from__isnull=False), name="tool_call_reused_from"),
+            models.Index(fields=["resolved_by"], condition=Q(resolved_by__isnull=False), name="tool_call_resolved_by"),
         ]
 
     def __str__(self) -> str:
