@@ -9,6 +9,30 @@ from tests.support.simulator import InProcessSimulator
 _skipped: list[str] = []
 
 
+_deselected_for_redis: list[str] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `redis` exist only for the Redis-backed paths. Without REDIS_URL — a fresh
+    laptop, as the README's `make test` promises to work on — they are deselected, not skipped
+    (CI runs them in a pass of their own with REDIS_URL set: .ci/run)."""
+    if os.environ.get("REDIS_URL"):
+        return
+    redis_only = [item for item in items if item.get_closest_marker("redis")]
+    if redis_only:
+        config.hook.pytest_deselected(items=redis_only)
+        items[:] = [item for item in items if not item.get_closest_marker("redis")]
+        _deselected_for_redis.extend(item.nodeid for item in redis_only)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _deselected_for_redis:
+        terminalreporter.write_line(
+            f"{len(_deselected_for_redis)} tests of the Redis-backed paths were deselected: REDIS_URL is unset "
+            "(run them with REDIS_URL=redis://… make test PYTEST_ARGS='-m redis')."
+        )
+
+
 def pytest_runtest_logreport(report):
     if report.skipped:
         _skipped.append(report.nodeid)
@@ -83,8 +107,15 @@ def _events_match_their_contract(django_db_setup, django_db_blocker):
 @pytest.fixture(scope="session", autouse=True)
 def _no_heartbeat_outlives_the_suite(django_db_setup):
     """A test that imports the ASGI application in-process starts that process's web heartbeat
-    thread (runs_app.liveness); it is stopped before the test database is dropped."""
+    thread (runs_app.liveness); it is stopped, and this thread's connections closed, before the
+    test databases are dropped."""
     yield
+    from django.db import connections
+
     from runs_app.liveness import heartbeat_thread_stop
 
     heartbeat_thread_stop()
+    # Django drops each test database through its own alias's connection; another alias's open
+    # connection to it (the PostgreSQL channel layer's mirror alias, which /readyz reads through)
+    # would make the drop wait and fail.
+    connections.close_all()

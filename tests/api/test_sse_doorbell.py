@@ -116,7 +116,7 @@ class SseClient:
             self._stream.__exit__(None, None, None)
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=["postgres", pytest.param("redis", marks=pytest.mark.redis)])
 def layer(request, transactional_db):
     """The layer daphne and this process (which appends the events, and so rings the doorbells)
     share: the test database's PostgreSQL layer by default, or Redis."""

@@ -72,7 +72,7 @@ def test_429_is_documented_on_every_operation():
 
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("cache", ["database", "redis"])
+@pytest.mark.parametrize("cache", ["database", pytest.param("redis", marks=pytest.mark.redis)])
 def test_the_limit_counts_the_requests_of_every_web_process(cache, request):
     """Two daphne processes, one key: the limit holds for the sum of both, on PostgreSQL's cache
     table (no REDIS_URL) and on Redis."""

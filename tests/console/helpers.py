@@ -4,6 +4,7 @@ drives it, and the offset reconciliation console.js applies to streamed text."""
 import json
 import os
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from django.db import connection
 from django.test import Client
@@ -14,8 +15,18 @@ from tests.support.processes import ProcessGroup
 # A bound on a hung test, never an assertion about speed.
 RECEIVE_TIMEOUT = 60
 
-# A Redis database of its own, so the console's tests never read a colleague's messages.
-REDIS_TEST_URL = os.environ.get("WARDEN_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+
+
+def _redis_test_url() -> str:
+    """The Redis of REDIS_URL (the Redis-marked tests run only when it is set), in a database of its
+    own (13), so these tests never read a colleague's messages; WARDEN_TEST_REDIS_URL overrides."""
+    if os.environ.get("WARDEN_TEST_REDIS_URL"):
+        return os.environ["WARDEN_TEST_REDIS_URL"]
+    parts = urlsplit(os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
+    return urlunsplit(parts._replace(path="/13"))
+
+
+REDIS_TEST_URL = _redis_test_url()
 
 
 def postgres_layer_for_test_db() -> dict:
@@ -29,8 +40,9 @@ def postgres_layer_for_test_db() -> dict:
 
 
 def require_redis() -> None:
-    """Skip when no Redis answers: a fresh laptop has none (README). In CI, where Redis runs, a
-    skip fails the run (tests/conftest.py), so these tests cannot quietly stop running there."""
+    """The tests that call this carry the `redis` marker: without REDIS_URL (a fresh laptop, the
+    README's `make test`) they are deselected before they start (tests/conftest.py). Selected,
+    they need the Redis it names: a Redis that does not answer fails them, never skips them."""
     import pytest
     import redis
 
@@ -38,7 +50,7 @@ def require_redis() -> None:
     try:
         client.ping()
     except redis.exceptions.RedisError as error:
-        pytest.skip(f"no Redis at {REDIS_TEST_URL} ({error}); the Redis-layer tests need one")
+        pytest.fail(f"no Redis at {REDIS_TEST_URL} ({error}): a test marked `redis` needs the Redis REDIS_URL names")
     finally:
         client.close()
 

@@ -343,7 +343,7 @@ def layer_holds_group(layer: str, group: str) -> bool:
     return (in_postgres, in_redis) == ((True, False) if layer == "postgres" else (False, True))
 
 
-@pytest.mark.parametrize("layer", ["postgres", "redis"])
+@pytest.mark.parametrize("layer", ["postgres", pytest.param("redis", marks=pytest.mark.redis)])
 def test_workers_answer_reaches_the_client_live_through_each_layer(procs, demo_world, layer):
     if layer == "redis":
         require_redis()
@@ -381,6 +381,7 @@ def test_workers_answer_reaches_the_client_live_through_each_layer(procs, demo_w
     assert "Paris" in answer.content
 
 
+@pytest.mark.redis
 def test_an_idle_console_on_redis_stays_connected(procs):
     """A console that hears nothing for longer than Redis clients' usual 5 s read timeout keeps
     its socket and its subscription (the core layer's 5 s waits once killed every quiet one)."""

@@ -28,7 +28,9 @@ def test_healthz_says_the_process_is_up(client):
     assert response.status_code == 200 and response.json() == {"status": "ok"}
 
 
-@pytest.mark.django_db
+# "__all__": /readyz also reads through the PostgreSQL channel layer's database alias, which exists
+# only without REDIS_URL (the README's `make test` on a fresh laptop).
+@pytest.mark.django_db(databases="__all__")
 def test_readyz_is_503_naming_the_workers_without_a_fresh_worker_heartbeat(client):
     heartbeat_write(role=ProcessRole.SWEEPER, identity="host:1:sweep/sweeper", counters={"sweeps": 1}, gauges={})
     response = client.get("/readyz")
@@ -51,7 +53,7 @@ def test_readyz_is_503_naming_the_workers_without_a_fresh_worker_heartbeat(clien
     assert response.json()["checks"]["workers"]["detail"].startswith("1 worker(s) in 1 cluster(s)")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases="__all__")
 def test_readyz_names_a_sweeper_that_stopped_sweeping(client, settings):
     heartbeat_write(role=ProcessRole.WORKER, cluster="host:7", identity="host:9:w2", counters={}, gauges={})
     heartbeat_write(role=ProcessRole.SWEEPER, identity="host:1:s/sweeper", counters={"sweeps": 3}, gauges={})
