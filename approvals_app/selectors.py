@@ -5,13 +5,12 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus, AuditEntry
 from config.pagination import keyset_page
-from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunStatus, WaitReason
-from sessions_app import access
+from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunOutcome, RunStatus, WaitReason
 from sessions_app.models import Message
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 
@@ -187,23 +186,52 @@ def audit_recent(*, limit: int = 10) -> list[AuditEntry]:
 
 
 # ---------------------------------------------------------------------------
-# The HTTP API's reads: approvals scoped to what a user may see and decide (sessions_app.access).
+# Pages of the approvals a caller may see (the access policy's querysets, given by the caller).
 # ---------------------------------------------------------------------------
 
 
 def approval_list(
-    *, user, statuses: list[str] | None = None, decidable: bool = False, run_id=None, cursor: str | None = None, limit: int
+    *, approvals: QuerySet[Approval], statuses: list[str] | None = None, decidable: Q | None = None, run_id=None,
+    cursor: str | None = None, limit: int
 ) -> tuple[list[Approval], str | None]:
-    """Oldest request first (the queue order), keyset-paginated, one query per page."""
-    queryset = access.visible_approvals(user=user).select_related("run__session", "tool_call", "decided_by")
+    """Oldest request first (the queue order), keyset-paginated, one query per page; of `approvals`
+    (access.visible_approvals), and of those the caller may decide when `decidable`
+    (access.decidable_approvals) is given."""
+    queryset = approvals.select_related("run__session", "tool_call", "decided_by")
     if statuses:
         queryset = queryset.filter(status__in=statuses)
-    if decidable:
-        queryset = queryset.filter(access.decidable_approvals(user=user))
+    if decidable is not None:
+        queryset = queryset.filter(decidable)
     if run_id:
         queryset = queryset.filter(run_id=run_id)
     return keyset_page(queryset, cursor=cursor, limit=limit, position_field="requested_at", descending=False)
 
 
-def approval_get(*, user, approval_id) -> Approval | None:
-    return access.visible_approvals(user=user).select_related("run__session", "tool_call", "decided_by").filter(pk=approval_id).first()
+def approval_get(*, approvals: QuerySet[Approval], approval_id) -> Approval | None:
+    return approvals.select_related("run__session", "tool_call", "decided_by").filter(pk=approval_id).first()
+
+
+def approvals_of_run(*, run_id) -> list[Approval]:
+    return list(Approval.objects.filter(run_id=run_id).select_related("decided_by", "tool_call", "run__session")
+                .order_by("requested_at"))
+
+
+def run_outcome(*, run_id) -> str:
+    """What the run's writes came to, in one query: `applied` when any took effect downstream
+    (money moved: that outweighs everything else), else `rejected` or `expired` when a human
+    decision (or its absence) stopped one, else `not_applied` when a write was asked for but
+    did not happen (it failed, was reconciled as not applied, or the run ended first), else
+    `none`. The same rule fills in older runs (runs_app migration 0008)."""
+    counts = ToolCall.objects.filter(run_id=run_id, effect=ToolEffect.WRITE).aggregate(
+        writes=Count("pk"),
+        applied=Count("pk", filter=Q(status=ToolCallStatus.SUCCEEDED)),
+        rejected=Count("approval", filter=Q(approval__status=ApprovalStatus.REJECTED)),
+        expired=Count("approval", filter=Q(approval__status=ApprovalStatus.EXPIRED)),
+    )
+    if counts["applied"]:
+        return RunOutcome.APPLIED
+    if counts["rejected"]:
+        return RunOutcome.REJECTED
+    if counts["expired"]:
+        return RunOutcome.EXPIRED
+    return RunOutcome.NOT_APPLIED if counts["writes"] else RunOutcome.NONE

@@ -1,17 +1,16 @@
 """Single-app writes about approvals and the audit trail (SPEC §7). `approval_transition` is the
 one write path of an approval's status: a decision is made once — a conditional UPDATE on
-`pending`, whoever comes first — and logged on its run. What a decision then does to the tool
-call and the run is the orchestration layer's (engine/actions/approvals.py)."""
+`pending`, whoever comes first. Logging it on its run, under the run's fence, is
+engine.state.approval_close; what a decision then does to the tool call and the run is the
+orchestration layer's (engine/actions/approvals.py)."""
 
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalDecision, ApprovalStatus, AuditEntry
 from approvals_app.transitions import check_approval_transition
 from runs_app.events import RunEventType
-from runs_app.services import run_write
 
 
 class ApprovalError(Exception):
@@ -35,7 +34,7 @@ class ApprovalExpired(ApprovalAlreadyDecided):
 
 
 # The event each outcome writes on the approval's run.
-_OUTCOME_EVENTS = {
+APPROVAL_OUTCOME_EVENTS = {
     ApprovalStatus.APPROVED: RunEventType.APPROVAL_DECIDED,
     ApprovalStatus.REJECTED: RunEventType.APPROVAL_DECIDED,
     ApprovalStatus.EXPIRED: RunEventType.APPROVAL_EXPIRED,
@@ -97,20 +96,14 @@ def approval_create(*, run, tool_call, policy: str, expires_at, required_approva
                                    required_approvals=required_approvals, rule=rule[:300], rule_reason=rule_reason[:500])
 
 
-def approval_transition(
-    *, approval: Approval, to: str, decided_by, note: str, lease_token: int | None = None, customer_message: str = ""
-) -> bool:
-    """Close a pending approval as `to` and log it on its run, in one transaction. False when
-    someone else closed it first (nothing is written then); IllegalTransition for a move
-    APPROVAL_TRANSITIONS forbids; with `lease_token`, LeaseLost when the run's lease is gone."""
+def approval_transition(*, approval: Approval, to: str, decided_by, note: str, customer_message: str = "") -> bool:
+    """Close a pending approval as `to`, in the caller's transaction. False when someone else closed
+    it first (nothing is written then); IllegalTransition for a move APPROVAL_TRANSITIONS forbids."""
     check_approval_transition(approval.status, to)
     values: dict[str, Any] = {"status": to, "decided_at": timezone.now(), "decided_by": decided_by, "note": note,
                               "customer_message": customer_message}
-    with transaction.atomic():
-        if not Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(**values):
-            return False
-        for field, value in values.items():
-            setattr(approval, field, value)
-        run_write(run_id=approval.run_id, events=[(_OUTCOME_EVENTS[to], approval_event_payload(approval))],
-                  lease_token=lease_token, raise_on_miss=True)
+    if not Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(**values):
+        return False
+    for field, value in values.items():
+        setattr(approval, field, value)
     return True

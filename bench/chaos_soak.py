@@ -63,7 +63,7 @@ def main() -> None:
     from tests.chaos.helpers import approve_pending, post, refund_outcomes_are_honest, resting_correctly
     from tests.factories import UserFactory
     from tests.support.processes import ProcessGroup
-    from tools_app.demo.services import sim_order_upsert
+    from demo.services import sim_order_upsert
     from runs_app.models import TERMINAL_STATUSES, Run, RunEvent
 
     for n in range(args.runs):

@@ -85,11 +85,11 @@ def engine_round(runs: int, noops: int, user, monitor) -> dict:
     from engine.loop import run_drive
     from runs_app.models import Run, RunStatus
     from engine.actions.messages import message_post
-    from sessions_app.services import session_create
+    from engine.actions.sessions import session_open
 
     prepared = []
     for _ in range(runs):
-        session = session_create(owner=user, title="bench")
+        session = session_open(owner=user, title="bench")
         prepared.append(message_post(session=session, content=f"please run noop {noops}", acting_user=user,
                                      provider_options={"delay": 0}).run.id)
     statements = [0]
@@ -126,7 +126,7 @@ def telemetry_on():
 
     from config.logs import JsonFormatter, RunContextFilter
     from config.tracing import tracing_setup
-    from runs_app.metrics import COLLECTOR
+    from operations.metrics import COLLECTOR
 
     class Dropping(SpanExporter):
         def export(self, spans):

@@ -182,7 +182,8 @@ def main() -> None:
 
     from engine.actions.messages import message_post
     from sessions_app.models import Message, MessageRole
-    from sessions_app.services import messages_append, session_create
+    from sessions_app.services import messages_append
+    from engine.actions.sessions import session_open
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create(username="bench")
@@ -193,13 +194,13 @@ def main() -> None:
         return message_post(session=session, content=text, acting_user=user, provider_options={"delay": 0}).run
 
     # Warm-up: prepared statements, caches.
-    drive_to_end(post(session_create(owner=user, title="warm-up"), "please run noop 5").id)
+    drive_to_end(post(session_open(owner=user, title="warm-up"), "please run noop 5").id)
 
     long_ratios = {"wall": [], "cpu": []}
     early_late = {"early_wall": [], "late_wall": [], "early_cpu": [], "late_cpu": []}
     for _ in range(args.long_runs):
         meter.passes.clear()
-        outcome = drive_to_end(post(session_create(owner=user, title="long"), f"please run noop {args.noops}").id)
+        outcome = drive_to_end(post(session_open(owner=user, title="long"), f"please run noop {args.noops}").id)
         passes = list(meter.passes)
         assert outcome == "completed" and len(passes) >= steps, (outcome, len(passes))
         ordinary = passes[1:-1]  # the first pass opens the run's first step, the last gives the final answer
@@ -211,7 +212,7 @@ def main() -> None:
             early_late[f"late_{clock}"] += costs[-span:]
 
     def history_of(count: int):
-        session = session_create(owner=user, title=f"history {count}")
+        session = session_open(owner=user, title=f"history {count}")
         chat = [("user", "what is the weather in Paris"), ("assistant", "It is sunny in Paris, 21 °C.")]
         for start in range(0, count, 1000):
             with transaction.atomic():

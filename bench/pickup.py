@@ -102,9 +102,9 @@ def status_of(run_id) -> tuple[str, str]:
 def message_pickup(user, rng) -> float:
     from engine.actions.messages import message_post
     from runs_app.models import TERMINAL_STATUSES
-    from sessions_app.services import session_create
+    from engine.actions.sessions import session_open
 
-    session = session_create(owner=user, title="bench pickup")
+    session = session_open(owner=user, title="bench pickup")
     idle_pause(rng)
     result, commit = committed_at(lambda: message_post(session=session, content="please run noop 1", acting_user=user))
     wait_until(lambda: status_of(result.run.id)[0] in TERMINAL_STATUSES, what="the run to finish")
@@ -116,9 +116,9 @@ def approval_pickup(user, operator, order_id: str, rng) -> float:
     from engine.actions.approvals import approval_decide
     from engine.actions.messages import message_post
     from runs_app.models import TERMINAL_STATUSES, RunStatus, WaitReason
-    from sessions_app.services import session_create
+    from engine.actions.sessions import session_open
 
-    session = session_create(owner=user, title="bench pickup approval")
+    session = session_open(owner=user, title="bench pickup approval")
     run = message_post(session=session, content=f"Check order {order_id} and refund it if it's eligible", acting_user=user).run
 
     def at_rest():
@@ -177,7 +177,7 @@ def main() -> None:
     from django_q.conf import Conf
 
     from tests.support.processes import ProcessGroup
-    from tools_app.demo.services import sim_order_upsert
+    from demo.services import sim_order_upsert
 
     call_command("migrate", verbosity=0)
     call_command("seed_demo", verbosity=0)

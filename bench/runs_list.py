@@ -9,7 +9,7 @@ generated in SQL (INSERT … SELECT generate_series), so seeding takes a few min
 Then it sends the endpoint, with real API keys, several callers' filter combinations, including
 deep keyset pages, and prints p50/p95 latency per scenario:
 
-- `--http` (the default): through a real daphne serving config.asgi on a free port, set up as a
+- `--http` (the default): through a real daphne serving server.asgi on a free port, set up as a
   deployment (WARDEN_WEB_SERVER=1, so psycopg's pool is on; DEBUG off), over one keep-alive
   HTTP connection. `server cpu ms` is daphne's CPU time per request. It also counts the database
   connections the server opened (PostgreSQL's pg_stat_database.sessions) against the requests it
@@ -312,7 +312,7 @@ def free_port() -> int:
 
 
 class WebServer:
-    """daphne serving config.asgi:application as a deployment would, in a process group of its
+    """daphne serving server.asgi:application as a deployment would, in a process group of its
     own; stopped (SIGTERM, then SIGKILL) when the block ends, however it ends."""
 
     def __init__(self, *, database_url: str, pool_size: int):
@@ -334,7 +334,7 @@ class WebServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "server.asgi:application"],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         try:

@@ -1,7 +1,7 @@
 """Idle SSE streams (issue 16, "idle is free"): what `--clients` open, quiet event streams cost
 one daphne — SQL per second, daphne's CPU, threads and memory.
 
-The system is real: one daphne serving the product (`config.asgi:application`) on the database
+The system is real: one daphne serving the product (`server.asgi:application`) on the database
 warden_bench_sse (dropped and re-created), the channel layer of the settings (PostgreSQL by
 default, Redis with --layer redis), and `--clients` raw-socket HTTP clients in this process, each
 streaming `GET /api/v1/runs/{id}/events/stream` of its own run, which waits for an approval and
@@ -78,15 +78,15 @@ def serve(port: int, counts_path: str) -> None:
 
     connection_created.connect(install)
     threading.Thread(target=write_forever, name="bench-counter", daemon=True).start()
-    import config.asgi  # noqa: F401 - Django set up as daphne does it
-    from runs_app import api
+    import server.asgi  # noqa: F401 - Django set up as daphne does it
+    from api import streams as api
 
     for name, value in json.loads(os.environ.get("SSE_BENCH_SETTINGS", "{}")).items():
         setattr(api, name, value)  # --sse NAME=VALUE: a variant of the stream's timings
 
     from daphne.cli import CommandLineInterface
 
-    sys.argv = ["daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+    sys.argv = ["daphne", "-b", "127.0.0.1", "-p", str(port), "server.asgi:application"]
     CommandLineInterface.entrypoint()
 
 
@@ -315,7 +315,7 @@ def main() -> None:
     parser.add_argument("--server-root", type=Path, default=ROOT, help="the checkout daphne serves")
     parser.add_argument("--label", default="", help="what the server root is, for the report")
     parser.add_argument("--sse", action="append", default=[], metavar="NAME=VALUE",
-                        help="set one of runs_app.api's SSE_* timings in daphne, e.g. SSE_RECHECK_SECONDS=45")
+                        help="set one of api.runs's SSE_* timings in daphne, e.g. SSE_RECHECK_SECONDS=45")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 

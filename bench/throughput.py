@@ -223,11 +223,11 @@ def counters(conn) -> tuple[int, int]:
 def runs_create(count: int, noops: int, user) -> list[str]:
     """Queued runs whose tasks wait on HELD_QUEUE (their enqueue follows each post's commit)."""
     from engine.actions.messages import message_post
-    from sessions_app.services import session_create
+    from engine.actions.sessions import session_open
 
     run_ids = []
     for _ in range(count):
-        session = session_create(owner=user, title="bench throughput")
+        session = session_open(owner=user, title="bench throughput")
         run_ids.append(str(message_post(session=session, content=f"please run noop {noops}", acting_user=user,
                                         provider_options={"delay": 0}).run.id))
     return run_ids

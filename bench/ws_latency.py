@@ -410,7 +410,7 @@ def main() -> None:
     from django.test import Client
 
     from engine.actions.messages import message_post
-    from sessions_app.services import session_create
+    from engine.actions.sessions import session_open
 
     if args.layer == "redis":
         import redis
@@ -420,7 +420,7 @@ def main() -> None:
     client = Client()
     client.force_login(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}"
-    sessions = [session_create(owner=user, title=f"bench {n}") for n in range(args.runs)]
+    sessions = [session_open(owner=user, title=f"bench {n}") for n in range(args.runs)]
 
     def post_all() -> None:
         options = {"bench": {"chunks": args.chunks, "interval": args.interval}}
@@ -431,7 +431,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     processes = Processes(env)
     try:
-        processes.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+        processes.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "server.asgi:application"],
                         {"WARDEN_BENCH_ECHO": "1"})
         processes.start("workers", [sys.executable, "bench/ws_latency.py", "--serve-workers"],
                         {"WARDEN_WORKERS": str(args.runs), "WARDEN_Q_POLL": "0.02"})

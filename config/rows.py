@@ -8,6 +8,7 @@ each value through its field's database converters exactly as the ORM's iterator
 """
 
 import functools
+import json
 
 from django.db import connection
 
@@ -42,3 +43,33 @@ def instance(model, row, offset: int = 0):
         for convert in found:
             values[position] = convert(values[position], col, connection)
     return model.from_db(connection.alias, attnames, values)
+
+
+def insert_list(model, values: dict[str, str]) -> tuple[str, str]:
+    """The column list and the matching SQL expressions of an INSERT … SELECT of `model`, from its
+    concrete fields: `values` gives the expression of each field it names (by attname); every
+    other field gets the value the ORM would give it (its default: NULL, a constant, '' for text,
+    an empty JSON document) — so a field added to the model is written by the statement too, or
+    refused here when its default is no constant a statement can spell."""
+    columns, expressions = [], []
+    for field in model._meta.concrete_fields:
+        if field.primary_key and field.attname not in values:
+            continue  # the database's (a serial id)
+        expression = values[field.attname] if field.attname in values else _literal(field.get_default(), field)
+        columns.append(f'"{field.column}"')
+        expressions.append(expression)
+    return ", ".join(columns), ", ".join(expressions)
+
+
+def _literal(value, field) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, (dict, list)):
+        return "'" + json.dumps(value).replace("'", "''") + "'::jsonb"
+    raise ValueError(f"{field.model.__name__}.{field.attname}: no value for the statement and no default it can spell")

@@ -70,12 +70,20 @@ INSTALLED_APPS = [
     "django_q",
     "ninja",  # the API docs page uses ninja's bundled Swagger UI, not a CDN (PITFALLS.md)
     "axes",
-    "sessions_app",
+    # The domain, bottom up (docs/ARCHITECTURE.md, "Layers").
     "runs_app",
     "tools_app",
+    "agents",
+    "sessions_app",
     "approvals_app",
+    "notifications",
+    "operations",
+    # The interfaces: the operators' desk (the admin), the customers' console, the commands.
+    "desk",
+    "console",
+    "cli",
     # The demo world (simulated orders, refunds and faults) exists only in demo mode.
-    *(["tools_app.demo"] if WARDEN_DEMO else []),
+    *(["demo"] if WARDEN_DEMO else []),
 ]
 
 MIDDLEWARE = [
@@ -91,9 +99,9 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-ROOT_URLCONF = "config.urls"
+ROOT_URLCONF = "server.urls"
 WSGI_APPLICATION = None
-ASGI_APPLICATION = "config.asgi.application"
+ASGI_APPLICATION = "server.asgi.application"
 
 TEMPLATES = [
     {
@@ -202,8 +210,8 @@ AXES_FAILURE_LIMIT = _env_int("WARDEN_LOGIN_FAILURE_LIMIT", 10)
 # during a lockout, even with the right password, starts it again); default 900.
 AXES_COOLOFF_TIME = timedelta(seconds=_env_int("WARDEN_LOGIN_LOCKOUT_SECONDS", 900))
 AXES_RESET_ON_SUCCESS = True
-# The lockout page says for how long (sessions_app/console/views.py), on both logins.
-AXES_LOCKOUT_CALLABLE = "sessions_app.console.views.login_locked_out"
+# The lockout page says for how long (console/views.py), on both logins.
+AXES_LOCKOUT_CALLABLE = "console.views.login_locked_out"
 
 # API rate limits (config/throttling.py): each a sliding window `count/period` (s, min, hour, day)
 # on the shared cache; over it, 429 {"code": "throttled"} with Retry-After.
@@ -336,15 +344,16 @@ WARDEN_DESK_REFRESH_SECONDS = _env_int("WARDEN_DESK_REFRESH_SECONDS", 30)
 # WARDEN_TOOL_MODULES: comma-separated dotted paths of the modules that register the deployment's
 # tools (imported at start-up); default none — in demo mode, the demo world's tools.
 WARDEN_TOOL_MODULES = [
-    m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "tools_app.demo.tools" if WARDEN_DEMO else "").split(",") if m.strip()
+    m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "demo.tools" if WARDEN_DEMO else "").split(",") if m.strip()
 ]
-if not WARDEN_DEMO and any(m == "tools_app.demo" or m.startswith("tools_app.demo.") for m in WARDEN_TOOL_MODULES):
+if not WARDEN_DEMO and any(m == "demo" or m.startswith("demo.") for m in WARDEN_TOOL_MODULES):
     raise RuntimeError("WARDEN_TOOL_MODULES names the demo world's tools, which exist only in demo mode: set WARDEN_DEMO=1 or remove them.")
 # Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.
 # WARDEN_PROVIDER_CLASSES: comma-separated `name=dotted.path.Class` pairs a deployment adds (or
 # overrides) beside the built-in scripted and openai; default none.
 WARDEN_PROVIDERS = {
-    "scripted": "runs_app.providers.scripted.ScriptedProvider",
+    # In demo mode the scripted model knows the demo world (demo/model.py); otherwise it follows scripts.
+    "scripted": "demo.model.DemoModel" if WARDEN_DEMO else "runs_app.providers.scripted.ScriptedProvider",
     "openai": "runs_app.providers.openai.OpenAIProvider",
     **dict(pair.split("=", 1) for pair in _env_list("WARDEN_PROVIDER_CLASSES", "") if "=" in pair),
 }
@@ -418,7 +427,7 @@ if WARDEN_Q_DOORBELL and "orm" in Q_CLUSTER:
 WARDEN_DB_CONN_MAX_AGE = _env_int("WARDEN_DB_CONN_MAX_AGE", 60)
 # WARDEN_DB_CONNECT_TIMEOUT: seconds to wait for a new database connection; default 5.
 WARDEN_DB_CONNECT_TIMEOUT = _env_int("WARDEN_DB_CONNECT_TIMEOUT", 5)
-# WARDEN_DB_POOL_SIZE: web server processes (config/asgi.py marks them) use psycopg's connection
+# WARDEN_DB_POOL_SIZE: web server processes (server/asgi.py marks them) use psycopg's connection
 # pool of at most this many connections instead: under ASGI every request runs in a thread of its
 # own, so a persistent connection would never be reused there; default 10; 0 turns the pool off.
 # Workers, sweepers and commands keep persistent connections (django-q2 forks its workers, and a
@@ -443,7 +452,7 @@ LOGGING["handlers"]["console"] |= {"formatter": "json" if WARDEN_LOG_FORMAT == "
 LOGGING["loggers"]["django-q"] = {**LOGGING["loggers"]["django_q"], "propagate": False}
 
 # django-prometheus: request and response metrics of each web process, beside Warden's own
-# (runs_app/metrics.py), all at /metrics.
+# (operations/metrics.py), all at /metrics.
 INSTALLED_APPS += ["django_prometheus"]
 MIDDLEWARE = ["django_prometheus.middleware.PrometheusBeforeMiddleware", *MIDDLEWARE,
               "django_prometheus.middleware.PrometheusAfterMiddleware"]

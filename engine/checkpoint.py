@@ -1,13 +1,9 @@
 """Reading the checkpoint a worker resumes from, and what it says about the run's budgets."""
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
-
-from config import rows
-from engine.lease import Lease
+from engine.state import Carried, Lease, run_and_latest_step
 from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus
 from runs_app.transitions import LeaseLost
 from tools_app.models import ToolCall, ToolCallStatus
@@ -42,11 +38,19 @@ class Checkpoint:
     tools_step: Step | None = None
     open_tool_calls: list[ToolCall] = field(default_factory=list)
     # The model context this worker last built, while only its own one-statement commits wrote
-    # to the session since (engine/step_commit.py): the next call extends it instead of reading.
+    # to the session since (engine/state/fast.py): the next call extends it instead of reading.
     context: Any = None
     # Set by a one-statement step commit: the checkpoint that commit leads to, known without
     # reading it again, since the run's snapshot showed nobody else had written meanwhile.
     carried: "Checkpoint | None" = None
+
+    def carry(self, carried: Carried | None) -> bool:
+        """Go on from what a one-statement commit (engine/state/fast.py) led to, when it was taken."""
+        if carried is None:
+            return False
+        self.carried = Checkpoint(run=self.run, latest_step=carried.latest_step, tools_step=carried.tools_step,
+                                  open_tool_calls=carried.open_tool_calls, context=carried.context)
+        return True
 
     @property
     def answered(self) -> bool:
@@ -56,28 +60,11 @@ class Checkpoint:
         return step is not None and step.kind == StepKind.MODEL and step.status == StepStatus.COMPLETED
 
 
-@functools.cache
-def _run_and_latest_step() -> str:
-    """The run and its latest step, in one statement of fixed columns (config.rows: no ORM compiling)."""
-    return (
-        f'SELECT {rows.columns(Run, "r")}, {rows.columns(Step, "s")} FROM "runs_app_run" r '
-        'LEFT JOIN LATERAL (SELECT * FROM "runs_app_step" WHERE "run_id" = r."id" ORDER BY "index" DESC LIMIT 1) s '
-        'ON TRUE WHERE r."id" = %s'
-    )
-
-
 def checkpoint_load(*, run_id, lease: Lease, run: Run | None = None) -> Checkpoint:
     """What the worker resumes from: the run (or `run`, as its claim just read it), its latest
     step, and that step's open tool calls."""
     if run is None:
-        with connection.cursor() as cursor:
-            cursor.execute(_run_and_latest_step(), [run_id])
-            row = cursor.fetchone()
-        if row is None:
-            raise Run.DoesNotExist(f"run {run_id}")
-        run = rows.instance(Run, row)
-        step_offset = rows.width(Run)
-        latest = rows.instance(Step, row, step_offset) if row[step_offset] is not None else None
+        run, latest = run_and_latest_step(run_id=run_id)
     else:
         # A run's steps are numbered by step_count: a run that counts none has none.
         latest = Step.objects.filter(run_id=run_id).order_by("-index").first() if run.step_count else None

@@ -102,7 +102,7 @@ class BuiltContext:
     # Tokens the provider reported for making a summary now (charged to the run).
     summary_tokens: int = 0
     # When the whole history since the summary fitted: what a worker may extend with the
-    # messages its own next commits append (engine/step_commit.py), instead of reading again.
+    # messages its own next commits append (engine/state/fast.py), instead of reading again.
     cacheable: CachedContext | None = None
 
 

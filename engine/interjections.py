@@ -1,15 +1,16 @@
 """User input that arrives while a run is busy, read only at safe points (SPEC §8)."""
 
 from django.db import transaction
-from django.utils import timezone
 
+from agents.selectors import run_agent_version
 from engine.context import context_build
+from engine.state import (
+    input_consume, input_resolve, run_cancel_request, run_event_append, run_seen_by_lease_holder, run_touched_by_others,
+)
 from runs_app.events import RunEventType
 from runs_app.models import Run
 from runs_app.providers import get_provider
-from runs_app.providers.scripted import classify_input_by_rules
-from runs_app.selectors import run_agent_version
-from runs_app.services import run_seen_by_lease_holder, run_touched_by_others, run_write
+from runs_app.providers.rules import classify_input_by_rules
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
 from sessions_app.services import messages_append
 
@@ -41,15 +42,11 @@ def inputs_at_safe_point(*, run: Run, lease, before: str) -> bool:
             (message,) = messages_append(
                 session_id=run.session_id, messages=[Message(role=MessageRole.USER, content=item.content, run_id=run.id)]
             )
-            PendingInput.objects.filter(pk=item.pk, consumed_at__isnull=True).update(
-                consumed_at=timezone.now(), consumed_by=run, disposition=InputDisposition.SUPPLEMENTED,
-                resolved_mode=InputMode.SUPPLEMENT, message=message,
-            )
-            run_write(
-                run_id=run.id,
-                events=[(RunEventType.INPUT_APPLIED, {"pending_input": item.pk, "mode": InputMode.SUPPLEMENT, "message_seq": message.seq, "content": item.content})],
-                lease_token=lease.token,
-            )
+            input_consume(pending=item, run_id=run.id, disposition=InputDisposition.SUPPLEMENTED,
+                          resolved_mode=InputMode.SUPPLEMENT, message=message)
+            run_event_append(run_id=run.id, lease_token=lease.token, events=[(RunEventType.INPUT_APPLIED, {
+                "pending_input": item.pk, "mode": InputMode.SUPPLEMENT, "message_seq": message.seq, "content": item.content,
+            })])
         changed = True
     return changed
 
@@ -66,26 +63,17 @@ def _classify(*, run: Run, lease, item: PendingInput) -> str:
         verdict = get_provider(run.provider).classify_input(history=history, text=item.content)
     mode = verdict.mode if verdict.mode in (InputMode.SUPPLEMENT, InputMode.NEW_INTENT) else InputMode.SUPPLEMENT
     with transaction.atomic():
-        PendingInput.objects.filter(pk=item.pk).update(resolved_mode=mode, classification_reason=verdict.reason[:300])
-        run_write(
-            run_id=run.id,
-            events=[(RunEventType.INPUT_CLASSIFIED, {"pending_input": item.pk, "mode": mode, "reason": verdict.reason})],
-            lease_token=lease.token,
-        )
+        input_resolve(pending_id=item.pk, mode=mode, reason=verdict.reason)
+        run_event_append(run_id=run.id, lease_token=lease.token, events=[
+            (RunEventType.INPUT_CLASSIFIED, {"pending_input": item.pk, "mode": mode, "reason": verdict.reason})])
     item.resolved_mode = mode
     return mode
 
 
 def _request_cancel_for(*, run: Run, lease, item: PendingInput) -> None:
+    """An intent switch the run read at its safe point: the input stays pending (it starts the next
+    run) and this run's cancellation is requested — in the poster's name, since it is their ask."""
     with transaction.atomic():
-        PendingInput.objects.filter(pk=item.pk).update(resolved_mode=InputMode.NEW_INTENT)
-        run_write(
-            run_id=run.id,
-            changes={
-                "cancel_requested_at": timezone.now(),
-                "cancel_requested_by_id": item.submitted_by_id,
-                "cancel_reason": f"intent switch: {item.content[:200]}",
-            },
-            events=[(RunEventType.CANCEL_REQUESTED, {"by": None, "reason": "intent switch", "pending_input": item.pk})],
-            lease_token=lease.token,
-        )
+        input_resolve(pending_id=item.pk, mode=InputMode.NEW_INTENT)
+        run_cancel_request(run=run, by_id=item.submitted_by_id, by_username=None, lease_token=lease.token,
+                           reason=f"intent switch: {item.content[:200]}", event_extra={"pending_input": item.pk})

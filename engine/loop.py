@@ -25,12 +25,11 @@ from engine.actions.cancel import run_cancel_by_worker
 from engine.actions.runs import run_end
 from engine.checkpoint import Checkpoint, CheckpointStale, RunFailure, StopDriving, checkpoint_load
 from engine.faults import fault_point
-from engine.lease import Heartbeat, Lease, run_claim, worker_identity
+from engine.lease import Heartbeat, worker_identity
 from engine.queue import run_enqueue
-from runs_app import liveness
-from runs_app.events import RunEventType
+from engine.state import Lease, run_claim, run_lease_holder_forget, run_transition, step_discard
+from operations import liveness
 from runs_app.models import Run, RunErrorCode, RunStatus, Step, StepKind, StepStatus
-from runs_app.services import run_lease_holder_forget, run_transition, step_transition
 from runs_app.transitions import LeaseLost
 from tools_app.models import ToolCallStatus
 from tools_app.selectors import writes_in_doubt
@@ -103,7 +102,7 @@ class Driver:
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.lease.run_id}: heartbeat found the lease gone")
             # After a one-statement step commit the worker knows the checkpoint it leads to
-            # (engine/step_commit.py); after anything else it reads it again.
+            # (engine/state/fast.py); after anything else it reads it again.
             cp = carried or checkpoint_load(run_id=self.lease.run_id, lease=self.lease, run=claimed)
             carried = claimed = None
             if cp.run.status != RunStatus.RUNNING:
@@ -183,10 +182,8 @@ class Driver:
             latest = Step.objects.filter(run_id=run.id).order_by("-index").first()
             if (latest is not None and latest.kind == StepKind.MODEL and latest.status == StepStatus.RUNNING
                     and latest.lease_token == self.lease.token and not latest.streamed_text):
-                reason = "time slice used before the model was called"
-                step_transition(step=latest, to=StepStatus.DISCARDED, lease_token=self.lease.token, discard_reason=reason)
-                extra_events.append((RunEventType.STEP_DISCARDED,
-                                      {"step": latest.index, "reason": reason, "previous_lease_token": latest.lease_token}))
+                extra_events.append(step_discard(step=latest, reason="time slice used before the model was called",
+                                                 lease_token=self.lease.token))
                 changes["model_calls"] = run.model_calls - 1
             if not run_transition(run=run, to=RunStatus.QUEUED, lease_token=self.lease.token,
                                   event_payload={"reason": "time slice used"}, extra_events=extra_events, **changes):

@@ -13,19 +13,20 @@ from pydantic import ValidationError
 
 from config.logs import log_context
 from config.tracing import span, span_set
+from engine import state
 from engine.actions.runs import run_end
 from engine.checkpoint import Checkpoint, RunFailure, StopDriving, model_calls_used
-from engine import step_commit
 from engine.context import BuiltContext, CachedContext, context_build, context_from_cache
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
-from engine.lease import Heartbeat, Lease
+from engine.lease import Heartbeat
+from engine.state import Lease, run_phase_enter, run_phase_values, run_transition, run_write, step_create, step_discard, step_transition
 from engine.tool_exec import tool_call_rows, tool_calls_create
 from runs_app.events import RunEventType
 from runs_app.live import step_deltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from runs_app.providers import get_provider
-from runs_app.selectors import run_agent_version, run_offered_tools
+from agents.selectors import run_agent_version, run_offered_tools
 from runs_app.providers.base import (
     Finish,
     ModelRequest,
@@ -35,7 +36,6 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
-from runs_app.services import run_transition, run_write, step_create, step_transition
 from runs_app.transitions import LeaseLost
 from sessions_app.models import Message, MessageRole
 from sessions_app.services import messages_append
@@ -94,28 +94,23 @@ def model_step_open(*, run: Run, lease: Lease, close_tools_step: Step | None = N
     so a run that crashes its worker mid-call still runs out of budget). A tools step whose
     last call was closed elsewhere (a decision, a reconciliation) is completed with it."""
     index = run.step_count
-    changes = {"phase": RunPhase.CALLING_MODEL, "model_calls": run.model_calls + 1, "step_count": index + 1}
-    events = [(RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}),
-              (RunEventType.RUN_STATUS, _running(RunPhase.CALLING_MODEL))]
+    counted = {"model_calls": run.model_calls + 1, "step_count": index + 1}
+    started = (RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL})
     if close_tools_step is None:
-        step = step_commit.model_step_opened(run=run, lease=lease, changes=changes, events=events)
+        phase, phase_events = run_phase_values(run=run, phase=RunPhase.CALLING_MODEL, announce_unchanged=True)
+        step = state.model_step_opened(run=run, lease=lease, changes={**phase, **counted}, events=[started, *phase_events])
         if step is not None:
-            return step  # one statement, the run's fields updated (engine/step_commit.py)
+            return step  # one statement, the run's fields updated (engine/state/fast.py)
     with transaction.atomic():
         if close_tools_step is not None:
             step_transition(step=close_tools_step, to=StepStatus.COMPLETED, lease_token=lease.token)
-        written = run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
+        # What this write leaves the run at: a one-statement commit of the turn checks it is still so.
+        run_phase_enter(run=run, phase=RunPhase.CALLING_MODEL, lease_token=lease.token, events_before=[started],
+                        changes=counted, announce_unchanged=True)
         step = step_create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
-    # What this write left the run at: a one-statement commit of the turn checks it is still so.
-    run.event_seq, run.snapshot_version = written.event_seq, written.snapshot_version
     run.model_calls += 1
     run.step_count += 1
-    run.phase = RunPhase.CALLING_MODEL
     return step
-
-
-def _running(phase: str) -> dict:
-    return {"status": RunStatus.RUNNING, "phase": phase, "wait_reason": ""}
 
 
 def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step | None = None,
@@ -130,18 +125,13 @@ def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step 
     if tokens:
         values["tokens_used"] = run.tokens_used + tokens
     with transaction.atomic():
-        run_write(
-            run_id=run.id,
-            changes=values,
-            events=[(RunEventType.STEP_DISCARDED, {"step": step.index, "reason": reason, "previous_lease_token": step.lease_token})],
-            lease_token=lease.token,
-        )
-        step_transition(
-            step=step, to=StepStatus.DISCARDED, lease_token=lease.token, discard_reason=reason[:300],
+        discarded = step_discard(
+            step=step, reason=reason, lease_token=lease.token,
             **({"input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
                 "finish_reason": result.finish_reason[:32], "streamed_text": result.text} if result is not None else {}),
             **({"context_manifest": manifest} if manifest is not None else {}),
         )
+        run_write(run_id=run.id, changes=values, events=[discarded], lease_token=lease.token)
     for field_name, value in values.items():
         setattr(run, field_name, value)
 
@@ -414,7 +404,7 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
                  cp: Checkpoint | None = None) -> str | None:
     """One transaction: the step's outcome, the assistant message, and either the tool calls
     (with the first batch of reads already marked running) or the run's completion. A turn
-    that asks only for reads, or answers, — the hot path — is one statement (engine/step_commit.py)."""
+    that asks only for reads, or answers, — the hot path — is one statement (engine/state/fast.py)."""
     calls = [result.calls[i] for i in sorted(result.calls)]
     if cp is not None and _commit_turn_at_once(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
                                                calls=calls):
@@ -427,19 +417,16 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
         )
         assistant, step_completed = _turn_record(run=run, step=step, result=result, calls=calls)
         messages_append(session_id=run.session_id, messages=[assistant])
-        events = [step_completed]
         changes = _turn_changes(run, result)
         if not calls:
             # A final answer: the run completes in the same commit.
-            run_end(run=run, to=RunStatus.COMPLETED, lease_token=lease.token, changes=changes, events_before=events)
+            run_end(run=run, to=RunStatus.COMPLETED, lease_token=lease.token, changes=changes, events_before=[step_completed])
             return "completed"
-        changes |= {"phase": RunPhase.EXECUTING_TOOLS, "step_count": run.step_count + 1}
         tools_step = step_create(run_id=run.id, index=run.step_count, kind=StepKind.TOOLS, lease_token=lease.token)
         created = tool_calls_create(run=run, step=tools_step, proposed=calls, lease=lease)
-        events.append((RunEventType.STEP_STARTED, {"step": tools_step.index, "kind": StepKind.TOOLS}))
-        events.append((RunEventType.RUN_STATUS, _running(RunPhase.EXECUTING_TOOLS)))
-        events += created
-        run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
+        run_phase_enter(run=run, phase=RunPhase.EXECUTING_TOOLS, lease_token=lease.token,
+                        events_before=[step_completed, (RunEventType.STEP_STARTED, {"step": tools_step.index, "kind": StepKind.TOOLS})],
+                        events_after=created, changes=changes | {"step_count": run.step_count + 1}, announce_unchanged=True)
     run.tokens_used += result.tokens
     run.step_count += 1
     return None
@@ -471,17 +458,18 @@ def _commit_turn_at_once(*, cp: Checkpoint, lease: Lease, step: Step, result: St
     assistant, step_completed = _turn_record(run=run, step=step, result=result, calls=calls)
     changes = _turn_changes(run, result)
     if not calls:
-        return step_commit.turn_answered(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
-                                         assistant=assistant, events=[step_completed], changes=changes)
+        return state.turn_answered(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
+                                   assistant=assistant, events=[step_completed], changes=changes)
     rows = tool_call_rows(run=run, step=None, proposed=calls, lease=lease)
     if rows is None:
         return False  # writes: their idempotency keys and reuse go the general way
+    phase, phase_events = run_phase_values(run=run, phase=RunPhase.EXECUTING_TOOLS, announce_unchanged=True)
     events = [
         step_completed,
         (RunEventType.STEP_STARTED, {"step": run.step_count, "kind": StepKind.TOOLS}),
-        (RunEventType.RUN_STATUS, _running(RunPhase.EXECUTING_TOOLS)),
+        *phase_events,
         *(tool_call_event(row) for row in rows),
     ]
-    changes |= {"phase": RunPhase.EXECUTING_TOOLS, "step_count": run.step_count + 1}
-    return step_commit.turn_with_reads(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
-                                       rows=rows, assistant=assistant, events=events, changes=changes)
+    changes |= {**phase, "step_count": run.step_count + 1}
+    return cp.carry(state.turn_with_reads(cp=cp, lease=lease, step=step, result=result, manifest=manifest,
+                                          rows=rows, assistant=assistant, events=events, changes=changes))

@@ -19,10 +19,10 @@ from engine.actions.messages import input_wait_expire
 from engine.actions.reconciliation import tool_call_reconcile_auto
 from engine.actions.runs import run_end, run_resume
 from engine.queue import run_enqueue, run_enqueue_now
-from runs_app import liveness
+from engine.state import lease_revoke_expired, run_row_lock
+from operations import liveness
 from runs_app.events import RunEventType
 from runs_app.models import DEADLINE_PAUSED_WAITS, Run, RunErrorCode, RunEvent, RunStatus, WaitReason
-from runs_app.services import run_transition
 from sessions_app.models import IdempotencyRecord
 from sessions_app.services import session_lock
 from tools_app.models import ToolCall, ToolCallStatus
@@ -56,21 +56,9 @@ def sweep_once() -> dict:
 def _revoke_expired_leases(now) -> int:
     revoked = 0
     for run_id in Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]:
-        with transaction.atomic():
-            run = (
-                Run.objects.select_for_update(skip_locked=True, no_key=True)  # no_key: see session_lock
-                .filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at__lt=timezone.now())
-                .first()
-            )
-            if run is None:
-                continue
-            # Fence on the token we saw and bump it: the stalled holder's writes now match nothing.
-            if run_transition(
-                run=run, to=RunStatus.QUEUED, lease_token=run.lease_token, new_lease_token=True,
-                event_payload={"reason": "lease expired", "previous_owner": run.lease_owner, "previous_lease_token": run.lease_token},
-            ):
-                run_enqueue(run.id)
-                revoked += 1
+        if lease_revoke_expired(run_id=run_id) is not None:
+            run_enqueue(run_id)
+            revoked += 1
     return revoked
 
 
@@ -141,7 +129,7 @@ def _fail_past_deadline(now) -> int:
     for run in overdue[:BATCH]:
         with transaction.atomic():
             session_lock(session_id=run.session_id)
-            run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+            run = run_row_lock(run_id=run.pk)
             if (run.status not in (RunStatus.QUEUED, RunStatus.WAITING) or run.wait_reason in DEADLINE_PAUSED_WAITS
                     or writes_in_doubt(run_id=run.id).exists()):
                 continue

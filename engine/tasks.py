@@ -19,5 +19,5 @@ def sweep() -> dict:
 
 
 def deliver_webhooks() -> int:
-    """Asked for after each commit that wrote outbox rows (runs_app.notifications)."""
+    """Asked for after each commit that wrote outbox rows (notifications.outbox)."""
     return webhooks_deliver_due()

@@ -24,21 +24,23 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalStatus
 from config.logs import log_context
 from config.tracing import span, span_set
+from agents.definitions import RuleMatch, approval_requirement
+from agents.selectors import run_agent_version
+from engine import state
 from engine.actions.approvals import approval_expire, approval_request, tool_call_close_for_decision
-from engine import step_commit
 from engine.checkpoint import Checkpoint, CheckpointStale, StopDriving, budget_left
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
-from engine.lease import Heartbeat, Lease
+from engine.lease import Heartbeat
+from engine.state import (
+    Lease, run_phase_enter, run_transition, run_write, step_create, step_transition, tool_call_transition,
+)
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
-from runs_app.agents import RuleMatch, approval_requirement
-from runs_app.selectors import run_agent_version
-from runs_app.services import run_transition, run_write, step_create, step_transition
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
-from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
+from tools_app.services import tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.tools")
 
@@ -128,7 +130,7 @@ class Outcome:
 
 def tool_call_rows(*, run: Run, step: Step | None, proposed: list, lease: Lease) -> list[ToolCall] | None:
     """The rows a model turn of reads only would create (not saved; the leading reads marked
-    running), for the one-statement commit (engine/step_commit.py); None when the turn asks for a
+    running), for the one-statement commit (engine/state/fast.py); None when the turn asks for a
     write, whose idempotency key and reuse `tool_calls_create` decides."""
     if any(tool_get(c.name).effect == ToolEffect.WRITE for c in proposed):
         return None
@@ -137,11 +139,7 @@ def tool_call_rows(*, run: Run, step: Step | None, proposed: list, lease: Lease)
                  arguments=call.arguments, effect=tool_get(call.name).effect)
         for position, call in enumerate(proposed)
     ]
-    now = timezone.now()
-    for row in _leading_reads(rows):
-        row.status = ToolCallStatus.RUNNING
-        row.lease_token = lease.token
-        row.started_at = now
+    state.tool_calls_start(calls=_leading_reads(rows), lease_token=lease.token)
     return rows
 
 
@@ -182,12 +180,8 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
                 row.idempotency_key = key
                 existing[key] = row
         rows.append(row)
-    head_reads = _leading_reads(rows)
-    for row in head_reads:
-        row.status = ToolCallStatus.RUNNING
-        row.lease_token = lease.token
-        row.started_at = timezone.now()
-    ToolCall.objects.bulk_create(rows)
+    state.tool_calls_start(calls=_leading_reads(rows), lease_token=lease.token)
+    state.tool_calls_insert(calls=rows)
     return [tool_call_event(row) for row in rows]
 
 
@@ -402,13 +396,8 @@ def _reads_execute(*, run: Run, lease: Lease, batch: list[ToolCall]) -> list[Out
             now = timezone.now()
             for call in pending:
                 tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token, started_at=now)
-            run_write(
-                run_id=run.id,
-                changes={"phase": RunPhase.EXECUTING_TOOLS},
-                events=[*_phase_event(run), *(tool_call_event(c) for c in pending)],
-                lease_token=lease.token,
-            )
-            run.phase = RunPhase.EXECUTING_TOOLS
+            run_phase_enter(run=run, phase=RunPhase.EXECUTING_TOOLS, lease_token=lease.token,
+                            events_after=[tool_call_event(c) for c in pending])
     if len(batch) == 1:
         return [_read_once(run, batch[0], lease.token)]
     with ThreadPoolExecutor(max_workers=min(8, len(batch))) as pool:
@@ -418,31 +407,19 @@ def _reads_execute(*, run: Run, lease: Lease, batch: list[ToolCall]) -> list[Out
         return list(pool.map(lambda c, ctx: ctx.run(_read_once, run, c, lease.token), batch, contexts))
 
 
-def _phase_event(run: Run) -> list[tuple[str, dict]]:
-    """A phase change is a lifecycle event (SPEC §3): a run resumed straight into a tool call
-    must show `running / executing_tools` in its event log, not only in its row."""
-    if run.phase == RunPhase.EXECUTING_TOOLS:
-        return []
-    return [(RunEventType.RUN_STATUS, {"status": RunStatus.RUNNING, "phase": RunPhase.EXECUTING_TOOLS, "wait_reason": ""})]
-
-
 def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool, requirement: RuleMatch | None = None) -> Outcome:
     with transaction.atomic():
         if not tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token,
                                     started_at=timezone.now(), attempts=call.attempts + 1):
             raise CheckpointStale(f"tool call {call.id} is no longer {call.status}")
-        run_write(
-            run_id=run.id,
-            changes={"phase": RunPhase.EXECUTING_TOOLS},
-            events=[*_phase_event(run), tool_call_event(
-                call, idempotency_key=call.idempotency_key,
-                # A write an agent's rule let through unapproved says which rule, and why.
-                **({"approval_rule": requirement.rule, "approval_reason": requirement.reason}
-                   if requirement is not None and requirement.rule and requirement.approval == ApprovalRequirement.NONE else {}),
-            )],
-            lease_token=lease.token,
-        )
-        run.phase = RunPhase.EXECUTING_TOOLS
+        # A phase change is a lifecycle event (SPEC §3): a run resumed straight into a tool call
+        # shows `running / executing_tools` in its event log, not only in its row.
+        run_phase_enter(run=run, phase=RunPhase.EXECUTING_TOOLS, lease_token=lease.token, events_after=[tool_call_event(
+            call, idempotency_key=call.idempotency_key,
+            # A write an agent's rule let through unapproved says which rule, and why.
+            **({"approval_rule": requirement.rule, "approval_reason": requirement.reason}
+               if requirement is not None and requirement.rule and requirement.approval == ApprovalRequirement.NONE else {}),
+        )])
     fault_point("after_key_commit")
     arguments = tool.arguments.model_validate(call.arguments)
     stack, current = _tool_span(run, call, lease.token)
@@ -482,8 +459,8 @@ def _finish(*, cp: Checkpoint, lease: Lease, outcomes: list[Outcome]) -> None:
     remaining = [c for c in cp.open_tool_calls if c.pk not in done]
     if (not remaining and budget_left(run) and run.cancel_requested_at is None
             and all(o.call.effect == ToolEffect.READ for o in outcomes)
-            and step_commit.reads_finished(cp=cp, lease=lease, outcomes=outcomes)):
-        return  # the hot path: one statement (engine/step_commit.py)
+            and cp.carry(state.reads_finished(cp=cp, lease=lease, outcomes=outcomes))):
+        return  # the hot path: one statement (engine/state/fast.py)
     with transaction.atomic():
         for outcome in outcomes:
             _apply_outcome(outcome, lease=lease)
@@ -491,22 +468,24 @@ def _finish(*, cp: Checkpoint, lease: Lease, outcomes: list[Outcome]) -> None:
         events = [tool_call_event(o.call) for o in outcomes]
         # The lease is extended by the heartbeat, not here: keeping the indexed lease_expires_at
         # out of checkpoints lets PostgreSQL update the run row in place (HOT).
-        changes: dict[str, Any] = {}
         if remaining:
             now = timezone.now()
             for call in _leading_reads(remaining):
                 if call.status == ToolCallStatus.PENDING:
                     tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token, started_at=now)
                     events.append(tool_call_event(call))
-        else:
-            step_transition(step=cp.tools_step, to=StepStatus.COMPLETED, lease_token=lease.token)
-            events.append((RunEventType.STEP_COMPLETED, {"step": cp.tools_step.index, "kind": StepKind.TOOLS}))
-            if budget_left(run) and run.cancel_requested_at is None:
-                index = run.step_count
-                step_create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
-                changes |= {"phase": RunPhase.CALLING_MODEL, "model_calls": run.model_calls + 1, "step_count": index + 1}
-                events.append((RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}))
-                events.append((RunEventType.RUN_STATUS, {"status": RunStatus.RUNNING, "phase": RunPhase.CALLING_MODEL, "wait_reason": ""}))
-        run_write(run_id=run.id, changes=changes, events=events, lease_token=lease.token)
-    for field, value in changes.items():
-        setattr(run, field, value)
+            run_write(run_id=run.id, events=events, lease_token=lease.token)
+            return
+        step_transition(step=cp.tools_step, to=StepStatus.COMPLETED, lease_token=lease.token)
+        events.append((RunEventType.STEP_COMPLETED, {"step": cp.tools_step.index, "kind": StepKind.TOOLS}))
+        if not budget_left(run) or run.cancel_requested_at is not None:
+            run_write(run_id=run.id, events=events, lease_token=lease.token)
+            return
+        # The same commit opens the next model step (one commit per step).
+        index = run.step_count
+        step_create(run_id=run.id, index=index, kind=StepKind.MODEL, lease_token=lease.token)
+        events.append((RunEventType.STEP_STARTED, {"step": index, "kind": StepKind.MODEL}))
+        run_phase_enter(run=run, phase=RunPhase.CALLING_MODEL, lease_token=lease.token, events_before=events,
+                        changes={"model_calls": run.model_calls + 1, "step_count": index + 1}, announce_unchanged=True)
+    run.model_calls += 1
+    run.step_count += 1

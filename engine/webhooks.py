@@ -1,4 +1,4 @@
-"""Delivering the webhook outbox (runs_app.notifications; docs/OPERATIONS.md, "Notifications").
+"""Delivering the webhook outbox (notifications.outbox; docs/OPERATIONS.md, "Notifications").
 
 A delivery is claimed with a locking read that skips rows others hold and a claim that expires
 (`claimed_until`), its attempt row is committed, and only then does the request go out — outside
@@ -14,44 +14,18 @@ schedule — any number at once, since the claim decides.
 """
 
 import logging
-import random
 import time
-from datetime import timedelta
 
 import httpx
 from django.conf import settings
-from django.db import connection, transaction
-from django.utils import timezone
 
 from config.logs import log_context
 from config.tracing import span, span_set
-from runs_app import liveness
-from runs_app.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
-from runs_app.notifications import webhook_body_bytes, webhook_signature
+from notifications.outbox import webhook_body_bytes, webhook_signature
+from notifications.services import webhook_attempt_record, webhook_delivery_claim
+from operations import liveness
 
 logger = logging.getLogger("warden.webhooks")
-
-_CLAIM_SQL = """
-UPDATE "runs_app_webhookdelivery"
-SET "claimed_by" = %s, "claimed_until" = now() + %s * interval '1 second', "attempts" = "attempts" + 1
-WHERE "id" = (
-    SELECT "id" FROM "runs_app_webhookdelivery"
-    WHERE "status" = 'pending' AND "next_attempt_at" <= now() AND ("claimed_until" IS NULL OR "claimed_until" < now())
-    ORDER BY "next_attempt_at" LIMIT 1 FOR UPDATE SKIP LOCKED
-)
-RETURNING "id", "attempts"
-"""
-
-
-def claim_seconds() -> float:
-    """How long a claim outlives its attempt's start: a request cannot outlast it."""
-    return 2 * settings.WARDEN_WEBHOOK_TIMEOUT_SECONDS + 5
-
-
-def retry_delay(attempts: int) -> float:
-    delay = min(settings.WARDEN_WEBHOOK_RETRY_BASE_SECONDS * 2 ** (attempts - 1), 3600)
-    return delay * random.uniform(0.8, 1.2)
-
 
 def webhooks_deliver_due(*, limit: int = 50, budget_seconds: float = 30.0) -> int:
     """Attempt deliveries that are due, one claim at a time, until none is left, `limit` attempts
@@ -61,26 +35,12 @@ def webhooks_deliver_due(*, limit: int = 50, budget_seconds: float = 30.0) -> in
     made = 0
     with httpx.Client(timeout=settings.WARDEN_WEBHOOK_TIMEOUT_SECONDS, trust_env=False, follow_redirects=False) as client:
         while made < limit and time.monotonic() < ends:
-            claimed = _claim(deliverer)
+            claimed = webhook_delivery_claim(deliverer=deliverer)
             if claimed is None:
                 break
             _attempt(client, claimed, deliverer)
             made += 1
     return made
-
-
-def _claim(deliverer: str):
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SQL, [deliverer, claim_seconds()])
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        delivery = WebhookDelivery.objects.select_related("endpoint").get(pk=row[0])
-        # Written before the request leaves: an attempt cut short by a crash stays visible.
-        attempt = WebhookAttempt.objects.create(delivery=delivery, number=row[1], deliverer=deliverer,
-                                                started_at=timezone.now())
-    return delivery, attempt
 
 
 def _attempt(client: httpx.Client, claimed, deliverer: str) -> None:
@@ -109,30 +69,11 @@ def _attempt(client: httpx.Client, claimed, deliverer: str) -> None:
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__
         span_set(current, status_code=status_code, error=error or None)
-    _record(delivery, attempt, deliverer=deliverer, status_code=status_code, error=error, excerpt=excerpt)
-
-
-def _record(delivery: WebhookDelivery, attempt: WebhookAttempt, *, deliverer: str, status_code, error: str, excerpt: str) -> None:
-    now = timezone.now()
-    ours = WebhookDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING, claimed_by=deliverer,
-                                          attempts=attempt.number)
-    released = {"claimed_by": "", "claimed_until": None, "last_status_code": status_code, "last_error": error}
-    with transaction.atomic():
-        WebhookAttempt.objects.filter(pk=attempt.pk).update(finished_at=now, status_code=status_code, error=error,
-                                                            response_excerpt=excerpt)
-        if not error:
-            updated = ours.update(status=DeliveryStatus.DELIVERED, delivered_at=now, **released)
-            outcome = "delivered"
-        elif attempt.number >= settings.WARDEN_WEBHOOK_MAX_ATTEMPTS:
-            updated = ours.update(status=DeliveryStatus.FAILED, **released)
-            outcome = "failed"
-        else:
-            updated = ours.update(next_attempt_at=now + timedelta(seconds=retry_delay(attempt.number)), **released)
-            outcome = "retry"
-    if not updated:
-        # Our claim ran out and another deliverer took the delivery over; its outcome stands.
-        outcome = "claim-lost"
+    outcome = webhook_attempt_record(delivery=delivery, attempt=attempt, deliverer=deliverer, status_code=status_code,
+                                     error=error, excerpt=excerpt)
     log = logger.info if outcome == "delivered" else logger.warning
     log("webhook %s (%s) attempt %d to %s: %s%s", delivery.id, delivery.kind, attempt.number, delivery.endpoint.url,
         outcome, f" ({error})" if error else "",
         extra={"webhook_id": str(delivery.id), "attempt": attempt.number, "outcome": outcome})
+
+

@@ -30,7 +30,7 @@ class RunEventType(models.TextChoices):
 
 
 def event_payload_for_customer(event_type: str, payload: dict, *, customer_username: str) -> dict:
-    """The payload as the session's customer sees it (sessions_app.access.reads_desk_notes): an
+    """The payload as the session's customer sees it (access.policy.reads_desk_notes): an
     operator's note on a decision, reconciliation evidence and an operator's cancel reason
     become `""` — the field stays, so the shape is the documented one."""
     if event_type in (RunEventType.APPROVAL_DECIDED, RunEventType.APPROVAL_EXPIRED, RunEventType.APPROVAL_WITHDRAWN,

@@ -1,12 +1,8 @@
-import base64
-import secrets
 import uuid
 
 from django.conf import settings
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
-from django.utils import timezone
 
 
 class RunStatus(models.TextChoices):
@@ -122,64 +118,6 @@ def _run_state_constraints() -> list[models.CheckConstraint]:
     ]
 
 
-class Agent(models.Model):
-    """A deployment's agent (docs/EXTENDING.md): what it is called, and which of its versions new
-    runs use. Its definition lives in its versions; saving one (admin or API,
-    engine.actions.agents.agent_save) makes a new version and points `current_version` at it."""
-
-    id = models.BigAutoField(primary_key=True)
-    slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=100)
-    current_version = models.ForeignKey(
-        "AgentVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["name", "id"]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class AgentVersion(models.Model):
-    """One immutable definition of an agent (runs_app.agents says what may be in it): the
-    database refuses UPDATE and DELETE on this table (migration 0012), so a run's `agent_version`
-    says exactly what it ran with — instructions, tools, rules, provider and model."""
-
-    id = models.BigAutoField(primary_key=True)
-    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="versions")
-    number = models.PositiveIntegerField()
-    name = models.CharField(max_length=100)
-    instructions = models.TextField()
-    provider = models.CharField(max_length=32)
-    model = models.CharField(max_length=100, blank=True)
-    provider_options = models.JSONField(default=dict, blank=True)
-    # Tool names (the run-time's own ask_user is always offered besides).
-    tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
-    # Defaults and maxima of a run's budgets: {"max_model_calls", "max_tokens", "deadline_seconds"}.
-    budgets = models.JSONField(default=dict, blank=True)
-    budget_limits = models.JSONField(default=dict, blank=True)
-    # {"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", "approvers": N}, …]}
-    approval_rules = models.JSONField(default=dict, blank=True)
-    interjection_classifier = models.CharField(max_length=16, default="model")
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["agent", "-number"]
-        constraints = [
-            models.UniqueConstraint(fields=["agent", "number"], name="agent_version_number_unique"),
-            models.CheckConstraint(condition=Q(number__gte=1), name="agent_version_number_positive"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.name} v{self.number}"
-
-
 class Run(models.Model):
     """One execution pursuing one user request. Its checkpoint is this row plus its steps,
     tool calls and the session's history (SPEC §4)."""
@@ -202,7 +140,7 @@ class Run(models.Model):
     # The agent version the run was started with (null: a run from before agents, or of a
     # session without one — every registered tool, each tool's own approval policy).
     agent_version = models.ForeignKey(
-        AgentVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+        "agents.AgentVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
     )
 
     # Budgets and usage.
@@ -375,147 +313,3 @@ class ContextSummary(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["session", "covers_through_seq"], name="summary_session_seq_unique")
         ]
-
-
-class ProcessRole(models.TextChoices):
-    WORKER = "worker"  # a django-q2 worker process
-    SWEEPER = "sweeper"  # `manage.py sweep --loop`, or the sweeper's django-q2 schedule
-    WEB = "web"  # a web server process (daphne)
-
-
-class ProcessHeartbeat(models.Model):
-    """One row per Warden process, written by the process itself every
-    WARDEN_WORKER_HEARTBEAT_SECONDS: /readyz looks for fresh worker and sweeper rows, and the
-    metrics read the counters every process keeps here (fenced writes refused, sweeps, queue
-    pickup latency, connected clients), so any process answers a scrape with the same numbers."""
-
-    identity = models.CharField(max_length=160, primary_key=True)  # host:pid:nonce
-    role = models.CharField(max_length=12, choices=ProcessRole.choices)
-    host = models.CharField(max_length=255)
-    pid = models.PositiveIntegerField()
-    # django-q2 workers: the cluster they belong to (host:sentinel pid).
-    cluster = models.CharField(max_length=160, blank=True)
-    started_at = models.DateTimeField()
-    beat_at = models.DateTimeField()
-    # Cumulative since the process started: {name: number} and histograms {name: {"buckets": [...], "sum", "count"}}.
-    counters = models.JSONField(default=dict, blank=True)
-    # Current values (connected clients): counted only while the row is fresh.
-    gauges = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["role", "-beat_at"]
-        constraints = [models.CheckConstraint(condition=Q(role__in=ProcessRole.values), name="process_heartbeat_role_valid")]
-        indexes = [models.Index(fields=["role", "-beat_at"], name="process_heartbeat_fresh")]
-
-    def __str__(self) -> str:
-        return f"{self.role} {self.identity}"
-
-
-class NotificationKind(models.TextChoices):
-    """What a webhook endpoint may subscribe to: the moments a person must act (SPEC §17)."""
-
-    APPROVAL_REQUESTED = "approval.requested", "An approval was requested"
-    APPROVAL_EXPIRING = "approval.expiring", "A pending approval is about to expire"
-    RECONCILIATION_NEEDED = "tool_call.needs_reconciliation", "A write needs a person to reconcile it"
-    RUN_FAILED = "run.failed", "A run failed"
-    RUN_COMPLETED = "run.completed", "A run completed"
-
-
-def webhook_secret_new() -> str:
-    """A Standard Webhooks secret: `whsec_` and 32 random bytes in base64."""
-    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
-
-
-class WebhookEndpoint(models.Model):
-    """A receiver of notifications, configured in the admin: which kinds it wants, and the secret
-    its deliveries are signed with."""
-
-    id = models.BigAutoField(primary_key=True)
-    name = models.CharField(max_length=100)
-    url = models.URLField(max_length=500)
-    secret = models.CharField(max_length=100, default=webhook_secret_new,
-                              help_text="Standard Webhooks secret (whsec_…); receivers verify signatures with it.")
-    kinds = ArrayField(models.CharField(max_length=40, choices=NotificationKind.choices), default=list, blank=True)
-    active = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        ordering = ["name", "id"]
-        constraints = [
-            models.CheckConstraint(condition=Q(secret__startswith="whsec_"), name="webhook_endpoint_secret_format"),
-        ]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class DeliveryStatus(models.TextChoices):
-    PENDING = "pending"  # waiting for its (next) attempt
-    DELIVERED = "delivered"  # the receiver answered 2xx
-    FAILED = "failed"  # given up after WARDEN_WEBHOOK_MAX_ATTEMPTS
-
-
-class WebhookDelivery(models.Model):
-    """The transactional outbox: one row per notification and endpoint, written in the same
-    transaction as the run event that causes it (runs_app.notifications), so nothing is sent for
-    something that did not commit. Its id is the `webhook-id` header of every attempt: receivers
-    de-duplicate by it. Delivered by engine/webhooks.py outside any run's transaction."""
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
-    kind = models.CharField(max_length=40, choices=NotificationKind.choices)
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    event_seq = models.PositiveBigIntegerField(null=True, blank=True)  # the run event it announces
-    body = models.JSONField()  # {"type", "timestamp", "data"}: the same bytes on every attempt
-    status = models.CharField(max_length=12, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(default=timezone.now)
-    # A deliverer's claim: another may take the delivery over only once it has passed (the
-    # deliverer died mid-attempt), so two never send one delivery at once.
-    claimed_by = models.CharField(max_length=160, blank=True)
-    claimed_until = models.DateTimeField(null=True, blank=True)
-    last_status_code = models.PositiveIntegerField(null=True, blank=True)
-    last_error = models.CharField(max_length=500, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        verbose_name_plural = "webhook deliveries"
-        constraints = [
-            models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="webhook_delivery_status_valid"),
-            models.CheckConstraint(condition=~Q(status=DeliveryStatus.DELIVERED) | Q(delivered_at__isnull=False),
-                                   name="webhook_delivery_delivered_has_time"),
-            # One delivery per event and endpoint, whatever the code does.
-            models.UniqueConstraint(fields=["endpoint", "run", "event_seq"], condition=Q(event_seq__isnull=False),
-                                    name="webhook_delivery_once_per_event"),
-        ]
-        indexes = [
-            models.Index(fields=["next_attempt_at"], condition=Q(status="pending"), name="webhook_delivery_due"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.kind} → {self.endpoint_id} ({self.status})"
-
-
-class WebhookAttempt(models.Model):
-    """One try at a delivery: written before the request goes out, finished when it returns — an
-    attempt left unfinished was cut short by its deliverer's death."""
-
-    id = models.BigAutoField(primary_key=True)
-    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.PROTECT, related_name="attempt_log")
-    number = models.PositiveIntegerField()
-    deliverer = models.CharField(max_length=160)
-    started_at = models.DateTimeField()
-    finished_at = models.DateTimeField(null=True, blank=True)
-    status_code = models.PositiveIntegerField(null=True, blank=True)
-    error = models.CharField(max_length=500, blank=True)
-    response_excerpt = models.CharField(max_length=500, blank=True)
-
-    class Meta:
-        ordering = ["delivery", "number"]
-        constraints = [models.UniqueConstraint(fields=["delivery", "number"], name="webhook_attempt_number_unique")]
-
-    def __str__(self) -> str:
-        return f"attempt {self.number} ({self.status_code or self.error or 'in flight'})"

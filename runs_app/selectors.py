@@ -1,24 +1,14 @@
-"""Reads about runs: the filtered list, the detail with everything an integrator or operator
-needs to judge a run, and its event log — scoped to what a user may see."""
+"""Reads about runs: the filtered list and its event log, of the runs a caller may see (the access
+policy's queryset, given by the caller), and what ends a run's wait."""
 
-import functools
-import re
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.db.models import BooleanField, IntegerField, Q, QuerySet
+from django.db.models.expressions import RawSQL
 
-from approvals_app.models import Approval
 from config.pagination import keyset_page
-from runs_app.models import (
-    DEADLINE_PAUSED_WAITS, RUNNING_PHASES, Agent, AgentVersion, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason,
-)
-from sessions_app import access
-from tools_app.models import ToolCall
-from sessions_app.models import Session
-from tools_app.selectors import applied_effects, tool_calls_matching
+from runs_app.models import DEADLINE_PAUSED_WAITS, RUNNING_PHASES, TERMINAL_STATUSES, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason
 
 # The list shows the run's state, not its checkpoint: narrower rows, faster pages.
 RUN_LIST_FIELDS = (
@@ -26,8 +16,18 @@ RUN_LIST_FIELDS = (
     "error_code", "created_at", "finished_at",
 )
 RECENT_EVENTS = 50
-# A desk search stops collecting matches here: it narrows a list, it is not an export.
-SEARCH_LIMIT = 2000
+
+
+def run_session_owner() -> RawSQL:
+    """The session's owner copied onto the run by a trigger (runs_app migration 0006): owner-scoped
+    pages filter and order by it, so they are range scans of run_owner_recent, not a walk over
+    every run."""
+    return RawSQL('"runs_app_run"."session_owner_id"', [], output_field=IntegerField())
+
+
+def run_session_owner_in(owner_ids: list[int]) -> Q:
+    """Runs of these users' sessions, through the copied owner column (its index)."""
+    return Q(RawSQL('"runs_app_run"."session_owner_id" = ANY(%s)', [list(owner_ids)], output_field=BooleanField()))
 
 
 # Which clock ends each kind of wait (SPEC §16), for the console, the desk and the API.
@@ -70,7 +70,8 @@ def _implied_statuses(*, phase: str | None, wait_reason: str | None) -> set[str]
 
 def run_list(
     *,
-    user,
+    runs: QuerySet[Run],
+    by_owner: bool,
     statuses: list[str] | None = None,
     phase: str | None = None,
     wait_reason: str | None = None,
@@ -81,9 +82,11 @@ def run_list(
     cursor: str | None = None,
     limit: int,
 ) -> tuple[list[dict], str | None]:
-    """Newest first with keyset pagination on (created_at, id); one query per page. Rows are
-    dicts: at a page of 200 building model instances costs more than the query."""
-    queryset = access.visible_runs(user=user).values(*RUN_LIST_FIELDS)
+    """Newest first with keyset pagination on (created_at, id); one query per page. `runs` is what
+    the caller may see (access.visible_runs); `by_owner` says it is one customer's runs, so the page
+    is read from the owner's index. Rows are dicts: at a page of 200 building model instances costs
+    more than the query."""
+    queryset = runs.values(*RUN_LIST_FIELDS)
     wanted = set(statuses) if statuses else None
     implied = _implied_statuses(phase=phase, wait_reason=wait_reason)
     if implied is not None:
@@ -105,45 +108,27 @@ def run_list(
     if created_before:
         queryset = queryset.filter(created_at__lt=created_before)
     order_prefix = []
-    if not access.reads_any_run(user):
-        order_prefix.append(access.run_session_owner())
+    if by_owner:
+        order_prefix.append(run_session_owner())
     if wanted is not None and len(wanted) == 1:
         order_prefix.append("status")
-    elif outcomes and len(set(outcomes)) == 1 and access.reads_any_run(user):
+    elif outcomes and len(set(outcomes)) == 1 and not by_owner:
         order_prefix.append("outcome")  # the run_outcome_recent index yields the page in order
     return keyset_page(queryset, cursor=cursor, limit=limit, position_field="created_at", order_prefix=tuple(order_prefix))
 
 
-def run_get(*, user, run_id) -> Run | None:
-    return access.visible_runs(user=user).select_related("session__owner", "created_by", "cancel_requested_by", "budgets_set_by").filter(pk=run_id).first()
+def run_get(*, runs: QuerySet[Run], run_id) -> Run | None:
+    """One run of `runs` (what the caller may see: access.visible_runs), with who did what to it."""
+    return runs.select_related("session__owner", "created_by", "cancel_requested_by", "budgets_set_by").filter(pk=run_id).first()
 
 
-@dataclass(frozen=True)
-class RunDetail:
-    run: Run
-    steps: list[Step]
-    tool_calls: list[ToolCall]
-    approvals: list[Approval]
-    applied_effects: list[dict]
-    recent_events: list[RunEvent]
+def run_steps(*, run_id) -> list[Step]:
+    return list(Step.objects.filter(run_id=run_id).order_by("index"))
 
 
-def run_detail(*, run: Run) -> RunDetail:
-    """Everything about one run, in a fixed number of queries."""
-    recent = RunEvent.objects.filter(run_id=run.pk).order_by("-seq")[:RECENT_EVENTS]
-    return RunDetail(
-        run=run,
-        steps=list(Step.objects.filter(run_id=run.pk).order_by("index")),
-        tool_calls=list(
-            ToolCall.objects.filter(run_id=run.pk).select_related("resolved_by", "approval", "step", "run__session")
-            .order_by("step__index", "index")
-        ),
-        approvals=list(
-            Approval.objects.filter(run_id=run.pk).select_related("decided_by", "tool_call", "run__session").order_by("requested_at")
-        ),
-        applied_effects=applied_effects(run_id=run.pk),
-        recent_events=list(reversed(recent)),
-    )
+def run_recent_events(*, run_id, limit: int = RECENT_EVENTS) -> list[RunEvent]:
+    """The latest `limit` events, oldest first."""
+    return list(reversed(RunEvent.objects.filter(run_id=run_id).order_by("-seq")[:limit]))
 
 
 def run_event_list(*, run_id, after_seq: int = 0, limit: int) -> list[RunEvent]:
@@ -157,76 +142,4 @@ def run_event_poll(*, run_id, after_seq: int, limit: int) -> tuple[list[RunEvent
     status, last_seq = Run.objects.filter(pk=run_id).values_list("status", "event_seq").get()
     events = run_event_list(run_id=run_id, after_seq=after_seq, limit=limit)
     reached = events[-1].seq if events else after_seq
-    return events, status, status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED) and reached >= last_seq
-
-
-def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
-    """Runs a desk search for `term` finds, by business key: an order number or any other tool
-    argument, an idempotency key, the customer (username), the session's title, or an id (run,
-    session, tool call). Each branch is its own index look-up; the union is capped at `limit`."""
-    term = term.strip()
-    if not term or "\x00" in term:
-        return []
-    found: dict = {}
-
-    def add(ids) -> None:
-        for pk in ids:
-            if len(found) >= limit:
-                return
-            found.setdefault(pk, None)
-
-    try:
-        as_uuid = uuid.UUID(term)
-    except ValueError:
-        as_uuid = None
-    if as_uuid is not None:
-        add(Run.objects.filter(pk=as_uuid).values_list("pk", flat=True))
-        add(Run.objects.filter(session_id=as_uuid).values_list("pk", flat=True)[:limit])
-    add(tool_calls_matching(term=term).order_by().values_list("run_id", flat=True)[:limit])
-    owners = list(get_user_model().objects.filter(username__icontains=term).values_list("pk", flat=True)[:20])
-    if owners:
-        add(Run.objects.filter(access.run_session_owner_in(owners)).order_by("-created_at").values_list("pk", flat=True)[:limit])
-    sessions = Session.objects.filter(title__icontains=term).order_by().values("pk")[:limit]
-    # Unordered: ordered by time, PostgreSQL would walk every run newest first looking for these.
-    add(Run.objects.filter(session_id__in=sessions).order_by().values_list("pk", flat=True)[:limit])
-    return list(found)
-
-
-# --- agents ----------------------------------------------------------------------------------------
-
-AGENT_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
-
-@functools.lru_cache(maxsize=512)
-def agent_version_get(version_id: int) -> AgentVersion:
-    """A version by id, kept per process: versions never change (the database refuses it), and a
-    worker reads its run's on every model call and tool call."""
-    return AgentVersion.objects.select_related("agent").get(pk=version_id)
-
-
-def run_agent_version(run: Run) -> AgentVersion | None:
-    return agent_version_get(run.agent_version_id) if run.agent_version_id else None
-
-
-def run_offered_tools(run: Run) -> list[str] | None:
-    """The tools the run's model may see and call (its agent version's, besides ask_user); None:
-    a run without an agent version, which is offered every registered tool."""
-    version = run_agent_version(run)
-    return list(version.tools) if version is not None else None
-
-
-def agent_list(*, user) -> list[Agent]:
-    if not access.can_see_agents(user=user):
-        return []
-    return list(Agent.objects.select_related("current_version").filter(current_version__isnull=False).order_by("name", "id"))
-
-
-def agent_get(*, user, slug: str) -> Agent | None:
-    if not access.can_see_agents(user=user) or not AGENT_SLUG.fullmatch(slug or ""):
-        return None
-    return Agent.objects.select_related("current_version").filter(slug=slug, current_version__isnull=False).first()
-
-
-def agent_default() -> Agent | None:
-    """The agent new sessions get when they name none (settings.WARDEN_DEFAULT_AGENT), if it exists."""
-    slug = settings.WARDEN_DEFAULT_AGENT
-    return Agent.objects.filter(slug=slug, current_version__isnull=False).first() if slug else None
+    return events, status, status in TERMINAL_STATUSES and reached >= last_seq

@@ -12,10 +12,9 @@ from datetime import timedelta
 from functools import cache
 
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
-from approvals_app.services import audit_record
 from sessions_app.models import ApiKey
 
 KEY_SCHEME = "wdn"
@@ -32,31 +31,22 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def api_key_create(*, owner, name: str, acting_user=None) -> tuple[ApiKey, str]:
+def api_key_create(*, owner, name: str) -> tuple[ApiKey, str]:
     """A new key for `owner`. Returns the row and the secret, which is never stored and so can
-    never be shown again. Audited when a person creates it (a key acts as its owner)."""
+    never be shown again. (A person creating one for someone is engine.actions.api_keys: audited.)"""
     prefix = secrets.token_hex(PREFIX_LENGTH // 2)
     token = f"{KEY_SCHEME}_{prefix}_{secrets.token_urlsafe(32)}"
-    with transaction.atomic():
-        api_key = ApiKey.objects.create(owner=owner, name=name.strip()[:100] or "unnamed", prefix=prefix,
-                                        secret_hash=_hash(token))
-        if acting_user is not None:
-            audit_record(actor=acting_user, action="create", obj=api_key, before={},
-                         after={"owner": owner.pk, "name": api_key.name, "prefix": prefix},
-                         note=f"API key {api_key.name} of {owner.pk}")
+    api_key = ApiKey.objects.create(owner=owner, name=name.strip()[:100] or "unnamed", prefix=prefix,
+                                    secret_hash=_hash(token))
     return api_key, token
 
 
-def api_key_revoke(*, api_key: ApiKey, acting_user=None) -> bool:
-    """Revoke for good; False if it already was. Revocation is audited when a person does it."""
+def api_key_revoke(*, api_key: ApiKey) -> bool:
+    """Revoke for good; False if it already was."""
     now = timezone.now()
-    with transaction.atomic():
-        if not ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=now):
-            return False
-        api_key.revoked_at = now
-        if acting_user is not None:
-            audit_record(actor=acting_user, action="revoke", obj=api_key, before={"revoked": False}, after={"revoked": True},
-                         note=f"API key {api_key.name} of {api_key.owner_id}")
+    if not ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=now):
+        return False
+    api_key.revoked_at = now
     return True
 
 

@@ -13,7 +13,7 @@ class Session(models.Model):
     title = models.CharField(max_length=200, blank=True)
     # The agent its runs use (each run takes the agent's current version when it starts); null:
     # a session from before agents, or a deployment with none configured.
-    agent = models.ForeignKey("runs_app.Agent", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions")
+    agent = models.ForeignKey("agents.Agent", null=True, blank=True, on_delete=models.PROTECT, related_name="sessions")
     # Highest Message.seq handed out; appends lock this row, so seqs are gap-free per session.
     message_seq = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -155,7 +155,7 @@ class ApiKey(models.Model):
 
 class IdempotencyRecord(models.Model):
     """An unsafe API request sent with an `Idempotency-Key`, and the response it got (Stripe's
-    semantics, config/idempotency.py): the same key and body again get the same response, the
+    semantics, api/idempotency.py): the same key and body again get the same response, the
     same key with another body is refused. Scoped to the caller; purged by the sweeper after
     WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS."""
 

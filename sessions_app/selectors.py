@@ -1,10 +1,10 @@
-"""Reads about sessions, their history and pending input, scoped to what a user may see."""
+"""Reads about sessions, their history and pending input; of the sessions a caller may see (the
+access policy's queryset, given by the caller)."""
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from config.pagination import keyset_page
 from runs_app.models import ACTIVE_STATUSES, Run
-from sessions_app import access
 from sessions_app.models import Message, PendingInput, Session
 
 
@@ -14,13 +14,13 @@ def _with_active_run(queryset: QuerySet[Session]) -> QuerySet[Session]:
     return queryset.select_related("owner", "agent").annotate(active_run_id=Subquery(active))
 
 
-def session_list(*, user, cursor: str | None, limit: int) -> tuple[list[Session], str | None]:
-    """Newest first, one query whatever the page size."""
-    return keyset_page(_with_active_run(access.visible_sessions(user=user)), cursor=cursor, limit=limit, position_field="created_at")
+def session_list(*, sessions: QuerySet[Session], cursor: str | None, limit: int) -> tuple[list[Session], str | None]:
+    """Newest first, one query whatever the page size; of `sessions` (access.visible_sessions)."""
+    return keyset_page(_with_active_run(sessions), cursor=cursor, limit=limit, position_field="created_at")
 
 
-def session_get(*, user, session_id) -> Session | None:
-    return _with_active_run(access.visible_sessions(user=user)).filter(pk=session_id).first()
+def session_get(*, sessions: QuerySet[Session], session_id) -> Session | None:
+    return _with_active_run(sessions).filter(pk=session_id).first()
 
 
 def message_list(*, session: Session, after_seq: int = 0, limit: int) -> list[Message]:

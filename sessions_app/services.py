@@ -1,10 +1,8 @@
 """Single-app writes about sessions, their history and pending input. Posting a message, which
 may start or steer a run, is the orchestration layer's (engine/actions/messages.py)."""
 
-from django.conf import settings
 from django.db import connection
 
-from runs_app.models import Agent
 from sessions_app.models import InputMode, Message, Session
 
 # The longest message a user may post (API, console page and socket alike).
@@ -19,10 +17,8 @@ class SessionError(Exception):
 
 
 def session_create(*, owner, title: str = "", agent=None) -> Session:
-    """A session whose runs use `agent` — by default the deployment's (settings.WARDEN_DEFAULT_AGENT,
-    when it exists); without either, the session has none (every registered tool is offered)."""
-    if agent is None and settings.WARDEN_DEFAULT_AGENT:
-        agent = Agent.objects.filter(slug=settings.WARDEN_DEFAULT_AGENT, current_version__isnull=False).first()
+    """A session whose runs use `agent` (None: no agent; every registered tool is offered). Opening one
+    with the deployment's default agent is engine.actions.sessions.session_open."""
     return Session.objects.create(owner=owner, title=title[:200], agent=agent)
 
 

@@ -107,12 +107,12 @@ def _events_match_their_contract(django_db_setup, django_db_blocker):
 @pytest.fixture(scope="session", autouse=True)
 def _no_heartbeat_outlives_the_suite(django_db_setup):
     """A test that imports the ASGI application in-process starts that process's web heartbeat
-    thread (runs_app.liveness); it is stopped, and this thread's connections closed, before the
+    thread (operations.liveness); it is stopped, and this thread's connections closed, before the
     test databases are dropped."""
     yield
     from django.db import connections
 
-    from runs_app.liveness import heartbeat_thread_stop
+    from operations.liveness import heartbeat_thread_stop
 
     heartbeat_thread_stop()
     # Django drops each test database through its own alias's connection; another alias's open

@@ -1,25 +1,29 @@
-"""Reads about tool calls: the pages a user may see (sessions_app.access decides which), and the
-facts about a run's writes that every interface shows — what took effect, what is in doubt."""
+"""Reads about tool calls: pages of the calls a caller may see (the access policy's queryset, given
+by the caller), the facts about a run's writes that every interface shows — what took effect,
+what is in doubt — and the desk's search by business key."""
 
 import json
 import uuid
 from decimal import Decimal, InvalidOperation
 
-from django.db.models import BooleanField, Count, Q, QuerySet
+from django.contrib.auth import get_user_model
+from django.db.models import BooleanField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from approvals_app.models import ApprovalStatus
 from config.pagination import keyset_page
-from runs_app.models import RunOutcome
-from sessions_app import access
+from runs_app.models import Run
+from runs_app.selectors import run_session_owner_in
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
+
+# A desk search stops collecting matches here: it narrows a list, it is not an export.
+SEARCH_LIMIT = 2000
 
 
 def tool_call_list(
-    *, user, statuses: list[str] | None = None, run_id=None, tool_name: str | None = None, cursor: str | None = None, limit: int
+    *, tool_calls: QuerySet[ToolCall], statuses: list[str] | None = None, run_id=None, tool_name: str | None = None, cursor: str | None = None, limit: int
 ) -> tuple[list[ToolCall], str | None]:
-    """Newest first, keyset-paginated, one query per page."""
-    queryset = access.visible_tool_calls(user=user).select_related("resolved_by", "approval", "run__session")
+    """Newest first, keyset-paginated, one query per page; of `tool_calls` (access.visible_tool_calls)."""
+    queryset = tool_calls.select_related("resolved_by", "approval", "run__session")
     if statuses:
         queryset = queryset.filter(status__in=statuses)
     if run_id:
@@ -29,8 +33,13 @@ def tool_call_list(
     return keyset_page(queryset, cursor=cursor, limit=limit, position_field="created_at")
 
 
-def tool_call_get(*, user, tool_call_id) -> ToolCall | None:
-    return access.visible_tool_calls(user=user).select_related("resolved_by", "approval", "run__session").filter(pk=tool_call_id).first()
+def tool_call_get(*, tool_calls: QuerySet[ToolCall], tool_call_id) -> ToolCall | None:
+    return tool_calls.select_related("resolved_by", "approval", "run__session").filter(pk=tool_call_id).first()
+
+
+def tool_calls_of_run(*, run_id) -> list[ToolCall]:
+    return list(ToolCall.objects.filter(run_id=run_id).select_related("resolved_by", "approval", "step", "run__session")
+                .order_by("step__index", "index"))
 
 
 def applied_effects(*, run_id) -> list[dict]:
@@ -50,27 +59,6 @@ def writes_in_doubt(*, run_id) -> QuerySet[ToolCall]:
     (SPEC §9, §10): it is recovered and reconciled first."""
     return ToolCall.objects.filter(run_id=run_id, effect=ToolEffect.WRITE,
                                    status__in=[ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN])
-
-
-def run_outcome(*, run_id) -> str:
-    """What the run's writes came to, in one query: `applied` when any took effect downstream
-    (money moved: that outweighs everything else), else `rejected` or `expired` when a human
-    decision (or its absence) stopped one, else `not_applied` when a write was asked for but
-    did not happen (it failed, was reconciled as not applied, or the run ended first), else
-    `none`. The same rule fills in older runs (runs_app migration 0008)."""
-    counts = ToolCall.objects.filter(run_id=run_id, effect=ToolEffect.WRITE).aggregate(
-        writes=Count("pk"),
-        applied=Count("pk", filter=Q(status=ToolCallStatus.SUCCEEDED)),
-        rejected=Count("approval", filter=Q(approval__status=ApprovalStatus.REJECTED)),
-        expired=Count("approval", filter=Q(approval__status=ApprovalStatus.EXPIRED)),
-    )
-    if counts["applied"]:
-        return RunOutcome.APPLIED
-    if counts["rejected"]:
-        return RunOutcome.REJECTED
-    if counts["expired"]:
-        return RunOutcome.EXPIRED
-    return RunOutcome.NOT_APPLIED if counts["writes"] else RunOutcome.NONE
 
 
 def _argument_value_path(term: str) -> str:
@@ -100,3 +88,34 @@ def tool_calls_matching(*, term: str) -> QuerySet[ToolCall]:
     except ValueError:
         pass
     return ToolCall.objects.filter(matches)
+
+
+def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
+    """Runs a desk search for `term` finds, by business key: an order number or any other tool
+    argument, an idempotency key, the customer (username), the session's title, or an id (run,
+    session, tool call). Each branch is its own index look-up; the union is capped at `limit`."""
+    term = term.strip()
+    if not term or "\x00" in term:
+        return []
+    found: dict = {}
+
+    def add(ids) -> None:
+        for pk in ids:
+            if len(found) >= limit:
+                return
+            found.setdefault(pk, None)
+
+    try:
+        as_uuid = uuid.UUID(term)
+    except ValueError:
+        as_uuid = None
+    if as_uuid is not None:
+        add(Run.objects.filter(pk=as_uuid).values_list("pk", flat=True))
+        add(Run.objects.filter(session_id=as_uuid).values_list("pk", flat=True)[:limit])
+    add(tool_calls_matching(term=term).order_by().values_list("run_id", flat=True)[:limit])
+    owners = list(get_user_model().objects.filter(username__icontains=term).values_list("pk", flat=True)[:20])
+    if owners:
+        add(Run.objects.filter(run_session_owner_in(owners)).order_by("-created_at").values_list("pk", flat=True)[:limit])
+    # Unordered: ordered by time, PostgreSQL would walk every run newest first looking for these.
+    add(Run.objects.filter(session__title__icontains=term).order_by().values_list("pk", flat=True)[:limit])
+    return list(found)

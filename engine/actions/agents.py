@@ -1,14 +1,14 @@
 """Defining agents (docs/EXTENDING.md): every save of a definition, from the admin or the API, is
-a new immutable version — checked first (runs_app.agents.agent_definition_check: nothing is saved
+a new immutable version — checked first (agents.definitions.agent_definition_check: nothing is saved
 when any field is wrong), then written with the agent's pointer to it and an audit entry naming
 who, in one transaction. Runs keep the version they started with; the next run takes the new one."""
 
 from django.db import transaction
 
 from approvals_app.services import audit_record
-from runs_app.agents import AgentDefinitionInvalid, agent_definition_check
-from runs_app.models import Agent, AgentVersion
-from sessions_app import access
+from agents.definitions import AgentDefinitionInvalid, agent_definition_check
+from agents.models import Agent, AgentVersion
+from access import policy as access
 
 # The definition's fields as an AgentVersion stores them.
 VERSION_FIELDS = ("name", "instructions", "provider", "model", "provider_options", "tools", "budgets", "budget_limits",
@@ -32,10 +32,10 @@ def agent_definition_of(version: AgentVersion | None) -> dict:
 
 def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> AgentVersion:
     """Create the agent (without `agent`) or give it a new version. AgentDefinitionInvalid names
-    every wrong field, AgentNotPermitted refuses a caller without runs_app.change_agent; in either
+    every wrong field, AgentNotPermitted refuses a caller without agents.change_agent; in either
     case nothing is written."""
     if not access.can_manage_agents(user=acting_user):
-        raise AgentNotPermitted("Defining agents needs the runs_app.change_agent permission.")
+        raise AgentNotPermitted("Defining agents needs the agents.change_agent permission.")
     if agent is not None:
         definition = {**definition, "slug": agent.slug}
     clean = agent_definition_check(definition)

@@ -20,18 +20,17 @@ from approvals_app.services import (
     approval_create,
     approval_decision_record,
     approval_event_payload,
-    approval_transition,
     audit_record,
 )
+from access import policy as access
 from engine.actions.runs import run_resume
+from engine.state import approval_close, run_event_append, run_transition, tool_call_transition
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
-from runs_app.services import run_transition, run_write
-from sessions_app import access
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, code_text, decision_text
-from tools_app.services import tool_call_message, tool_call_transition
+from tools_app.services import tool_call_message
 
 
 def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token: int, required_approvals: int = 1,
@@ -95,7 +94,7 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         elif approval.status == ApprovalStatus.PENDING and Approval.objects.filter(
                 pk=approval.pk, status=ApprovalStatus.PENDING).exists():
             approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
-        if approval.status != ApprovalStatus.PENDING or not approval_transition(
+        if approval.status != ApprovalStatus.PENDING or not approval_close(
             approval=approval, to=to, decided_by=acting_user, note=note, customer_message=customer_message,
         ):
             current = Approval.objects.select_related("decided_by").get(pk=approval.pk)
@@ -122,7 +121,7 @@ def _quorum_progress(*, approval: Approval, acting_user, note: str, approved: in
                  before={"status": ApprovalStatus.PENDING, "approvals": approved - 1},
                  after={"status": ApprovalStatus.PENDING, "approvals": approved, "required": approval.required_approvals},
                  note=note)
-    run_write(run_id=approval.run_id, raise_on_miss=True, events=[(RunEventType.APPROVAL_PROGRESS, {
+    run_event_append(run_id=approval.run_id, events=[(RunEventType.APPROVAL_PROGRESS, {
         **approval_event_payload(approval), "approver": acting_user.get_username(),
     })])
     return approval
@@ -133,8 +132,8 @@ def approval_expire(*, approval: Approval, lease_token: int | None = None) -> bo
     lease (the sweeper, a late click) the waiting run resumes to tell the model."""
     with transaction.atomic():
         session_lock(session_id=_session_of(approval))  # before the run's row: see session_lock
-        if not approval_transition(approval=approval, to=ApprovalStatus.EXPIRED, decided_by=None,
-                                   note="expired without a decision", lease_token=lease_token):
+        if not approval_close(approval=approval, to=ApprovalStatus.EXPIRED, decided_by=None,
+                              note="expired without a decision", lease_token=lease_token):
             return False
         tool_call_close_for_decision(approval=approval, lease_token=lease_token)
         if lease_token is None:
@@ -152,7 +151,7 @@ def approval_expiry_warn(*, approval: Approval) -> bool:
         if approval is None or RunEvent.objects.filter(
                 run_id=approval.run_id, type=RunEventType.APPROVAL_EXPIRING, payload__approval=str(approval.id)).exists():
             return False
-        run_write(run_id=approval.run_id, raise_on_miss=True, events=[(RunEventType.APPROVAL_EXPIRING, {
+        run_event_append(run_id=approval.run_id, events=[(RunEventType.APPROVAL_EXPIRING, {
             "approval": str(approval.id), "tool_call": str(approval.tool_call_id), "policy": approval.policy,
             "status": approval.status, "expires_at": approval.expires_at.isoformat(), "tool": approval.tool_call.tool_name,
             "arguments": approval.tool_call.arguments,

@@ -6,13 +6,12 @@ reconciled first. Effects already applied are listed, never rolled back silently
 """
 
 from django.db import transaction
-from django.utils import timezone
 
 from approvals_app.services import audit_record
 from engine.actions.runs import run_end
-from runs_app.events import RunEventType
+from engine.state import run_cancel_request as run_cancel_request_record
+from engine.state import run_row_lock
 from runs_app.models import TERMINAL_STATUSES, Run, RunStatus, WaitReason
-from runs_app.services import run_write
 from sessions_app.services import session_lock
 from tools_app.selectors import writes_in_doubt
 
@@ -31,20 +30,12 @@ def run_cancel_request(*, run: Run, acting_user, reason: str = "") -> Run:
     next delta or safe point; one with a write in doubt once the write is reconciled."""
     with transaction.atomic():
         session_lock(session_id=run.session_id)  # before the run's row, as posting input does
-        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)  # no_key: see session_lock
+        run = run_row_lock(run_id=run.pk)
         if run.status in TERMINAL_STATUSES:
             raise RunNotCancellable(f"The run is already {run.status}.")
-        if run.cancel_requested_at is None:
-            now = timezone.now()
-            run_write(
-                run_id=run.id,
-                changes={"cancel_requested_at": now, "cancel_requested_by_id": getattr(acting_user, "pk", None),
-                         "cancel_reason": reason[:300]},
-                events=[(RunEventType.CANCEL_REQUESTED, {"by": acting_user.get_username() if acting_user else None, "reason": reason})],
-            )
-            run.cancel_requested_at = now
+        if run_cancel_request_record(run=run, by_id=getattr(acting_user, "pk", None),
+                                     by_username=acting_user.get_username() if acting_user else None, reason=reason):
             run.cancel_requested_by = acting_user
-            run.cancel_reason = reason[:300]
             if acting_user is not None:
                 audit_record(actor=acting_user, action="cancel", obj=run, run_id=run.id,
                              before={"status": run.status}, after={"cancel_requested": True}, note=reason)

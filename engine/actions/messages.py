@@ -4,16 +4,18 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
+from access import policy as access
+from agents.selectors import agent_current_version
 from engine.actions.cancel import run_cancel_request
-from engine.actions.runs import run_resume, run_start, session_agent_version
+from engine.actions.runs import run_resume, run_start
+from engine.state import input_resolve, run_event_append, run_row_lock, tool_call_transition
 from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus, WaitReason
-from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps, run_event_append, run_write
-from sessions_app import access
+from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps
 from sessions_app.models import InputMode, Message, MessageRole, PendingInput, Session
 from sessions_app.services import message_text_checked, messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus
-from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
+from tools_app.services import tool_call_event, tool_call_message
 
 
 @dataclass
@@ -43,7 +45,7 @@ def message_post(
     content = message_text_checked(content=content, mode=mode)
     budgets = budgets or None
     if budgets and not access.may_exceed_budget_caps(acting_user):
-        if over := run_budgets_over_caps(budgets=budgets, agent_version=session_agent_version(session)):
+        if over := run_budgets_over_caps(budgets=budgets, agent_version=agent_current_version(agent_id=session.agent_id)):
             raise RunBudgetsOverCap(over)
     with transaction.atomic():
         # Lock the session: two posts at once must not both see "no active run".
@@ -59,10 +61,10 @@ def message_post(
             if message is not None:
                 return PostResult(disposition="answered", run=active, message=message)
         pending = PendingInput.objects.create(session=session, content=content, mode=mode, submitted_by=acting_user)
-        run_event_append(run_id=active.id, kind=RunEventType.INPUT_QUEUED,
-                         payload={"pending_input": pending.id, "mode": mode, "content": content})
+        run_event_append(run_id=active.id, events=[
+            (RunEventType.INPUT_QUEUED, {"pending_input": pending.id, "mode": mode, "content": content})])
         if mode == InputMode.NEW_INTENT and active.status != RunStatus.RUNNING:
-            PendingInput.objects.filter(pk=pending.pk).update(resolved_mode=InputMode.NEW_INTENT)
+            input_resolve(pending_id=pending.pk, mode=InputMode.NEW_INTENT)
             run_cancel_request(run=active, acting_user=acting_user, reason=f"intent switch: {content[:200]}")
         return PostResult(disposition="pending", run=active, pending_input=pending)
 
@@ -71,7 +73,7 @@ def _answer(*, run: Run, content: str) -> Message | None:
     """The user's reply to the question the run waits on: it closes the ask_user call (the tool
     message the model reads) and is kept as the user's own message; the same run resumes. None
     when the question is no longer open (answered or expired meanwhile)."""
-    run = Run.objects.select_for_update().get(pk=run.pk)
+    run = run_row_lock(run_id=run.pk)
     if run.status != RunStatus.WAITING or run.wait_reason != WaitReason.WAITING_INPUT:
         return None
     call = ToolCall.objects.filter(pk=run.request_id, status=ToolCallStatus.PENDING).first()
@@ -81,7 +83,7 @@ def _answer(*, run: Run, content: str) -> Message | None:
     _, message = messages_append(session_id=run.session_id, messages=[
         tool_call_message(call), Message(role=MessageRole.USER, content=content, run_id=run.id),
     ])
-    run_write(run_id=run.id, events=[
+    run_event_append(run_id=run.id, events=[
         tool_call_event(call),
         (RunEventType.INPUT_ANSWERED, {"tool_call": str(call.id), "question": call.arguments.get("question", ""),
                                        "message_seq": message.seq, "content": content}),
@@ -96,7 +98,7 @@ def input_wait_expire(*, run_id) -> bool:
     with transaction.atomic():
         session_id = Run.objects.values_list("session_id", flat=True).get(pk=run_id)
         session_lock(session_id=session_id)  # as posting the answer does: the two never cross
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = run_row_lock(run_id=run_id)
         if run.status != RunStatus.WAITING or run.wait_reason != WaitReason.WAITING_INPUT:
             return False
         call = ToolCall.objects.filter(pk=run.request_id, status=ToolCallStatus.PENDING).first()
@@ -105,6 +107,6 @@ def input_wait_expire(*, run_id) -> bool:
             error_detail=f"the user did not answer before {run.expires_at.isoformat() if run.expires_at else 'the question expired'}",
         ):
             messages_append(session_id=run.session_id, messages=[tool_call_message(call)])
-            run_write(run_id=run.id, events=[tool_call_event(call)])
+            run_event_append(run_id=run.id, events=[tool_call_event(call)])
         return run_resume(run_id=run.id, wait_reasons=[WaitReason.WAITING_INPUT],
                           event_payload={"tool_call": str(call.id) if call else None, "expired": True})

@@ -8,17 +8,17 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from access import policy as access
 from approvals_app.services import audit_record
 from engine.actions.runs import run_resume
+from engine.state import run_event_append, tool_call_transition
 from runs_app.events import RunEventType
 from runs_app.models import Run, WaitReason
-from runs_app.services import run_write
-from sessions_app import access
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 from tools_app.outcomes import code_text
 from tools_app.registry import ToolContext, tool_get
-from tools_app.services import tool_call_event, tool_call_message, tool_call_transition
+from tools_app.services import tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.reconcile")
 
@@ -82,14 +82,14 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
 def _give_up(*, tool_call: ToolCall, reason: str, changes: dict) -> None:
     """Automatic reconciliation stops: the call waits in the operators' unknown-calls queue. The
     first time (the call still had a next lookup planned) the run's log says so — a
-    `reconciliation_escalated` event, which notifies whoever subscribed (runs_app.notifications)."""
+    `reconciliation_escalated` event, which notifies whoever subscribed (notifications.outbox)."""
     with transaction.atomic():
         planned = (ToolCall.objects.select_for_update().filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN)
                    .values_list("next_attempt_at", flat=True).first())
         ToolCall.objects.filter(pk=tool_call.pk, status=ToolCallStatus.UNKNOWN).update(next_attempt_at=None, **changes)
         if planned is None:
             return
-        run_write(run_id=tool_call.run_id, raise_on_miss=True, events=[(RunEventType.RECONCILIATION_ESCALATED, {
+        run_event_append(run_id=tool_call.run_id, events=[(RunEventType.RECONCILIATION_ESCALATED, {
             "tool_call": str(tool_call.id), "tool": tool_call.tool_name, "idempotency_key": tool_call.idempotency_key,
             "reconcile_attempts": changes.get("reconcile_attempts", tool_call.reconcile_attempts), "reason": reason,
         })])
@@ -140,11 +140,8 @@ def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acti
             current = ToolCall.objects.get(pk=tool_call.pk)
             raise ReconcileError("not_unknown", f"This tool call is {current.status}, not unknown; nothing to reconcile.")
         messages_append(session_id=session_id, messages=[tool_call_message(tool_call)])
-        run_write(
-            run_id=tool_call.run_id,
-            events=[tool_call_event(tool_call, resolution=values["resolution"], evidence=values["evidence"])],
-            raise_on_miss=True,
-        )
+        run_event_append(run_id=tool_call.run_id, events=[
+            tool_call_event(tool_call, resolution=values["resolution"], evidence=values["evidence"])])
         if acting_user is not None:
             audit_record(
                 actor=acting_user, action="reconcile", obj=tool_call, run_id=tool_call.run_id,

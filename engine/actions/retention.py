@@ -16,7 +16,8 @@ from django.db.models import QuerySet
 
 from approvals_app.models import Approval, ApprovalDecision, AuditEntry
 from approvals_app.services import audit_record
-from runs_app.models import ACTIVE_STATUSES, ContextSummary, Run, RunEvent, Step, WebhookAttempt, WebhookDelivery
+from runs_app.models import ACTIVE_STATUSES, ContextSummary, Run, RunEvent, Step
+from notifications.models import WebhookAttempt, WebhookDelivery
 from sessions_app.models import IdempotencyRecord, Message, PendingInput, Session
 from sessions_app.services import session_lock
 from tools_app.models import ToolCall

@@ -7,27 +7,24 @@ from typing import Any, Iterable
 from django.db import transaction
 from django.utils import timezone
 
+from access import policy as access
+from agents.selectors import agent_current_version
 from approvals_app.models import Approval, ApprovalStatus
-from approvals_app.services import approval_transition, audit_record
+from approvals_app.selectors import run_outcome
+from approvals_app.services import audit_record
 from engine.queue import run_enqueue
+from engine.state import (
+    approval_close, input_consume, run_create, run_ending_outcome, run_event_append, run_row_lock, run_transition,
+    step_discard, tool_call_transition,
+)
 from runs_app.events import RunEventType
-from runs_app.models import (
-    ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Agent, AgentVersion, Run, RunStatus, Step, StepStatus,
-)
-from runs_app.services import (
-    RunBudgetsOverCap,
-    run_budgets_over_caps,
-    run_create,
-    run_transition,
-    run_write,
-    step_transition,
-)
-from sessions_app import access
+from runs_app.models import ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
+from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps
 from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
-from tools_app.selectors import applied_effects, run_outcome, writes_in_doubt
-from tools_app.services import tool_call_message, tool_call_transition
+from tools_app.selectors import applied_effects, writes_in_doubt
+from tools_app.services import tool_call_message
 
 
 class RunNotRetryable(Exception):
@@ -48,18 +45,10 @@ def run_start(*, session: Session, content: str, acting_user, budgets=None, prov
     The caller holds the session lock; the database's partial unique index refuses a second
     active run in the session whatever happens."""
     run = run_create(session=session, created_by=acting_user, budgets=budgets, provider_options=provider_options,
-                     budgets_set_by=acting_user if budgets else None, agent_version=session_agent_version(session))
+                     budgets_set_by=acting_user if budgets else None, agent_version=agent_current_version(agent_id=session.agent_id))
     (message,) = messages_append(session_id=session.pk, messages=[Message(role=MessageRole.USER, content=content, run=run)])
     run_enqueue(run.id)
     return run, message
-
-
-def session_agent_version(session: Session) -> AgentVersion | None:
-    """The version a new run of `session` uses: its agent's current one, read as the run starts
-    (a run keeps it for good; an edit of the agent meanwhile is the next run's)."""
-    if session.agent_id is None:
-        return None
-    return AgentVersion.objects.filter(pk=Agent.objects.filter(pk=session.agent_id).values("current_version_id")[:1]).first()
 
 
 def run_start_next(*, session_id) -> Run | None:
@@ -73,10 +62,8 @@ def run_start_next(*, session_id) -> Run | None:
         return None
     session = Session.objects.get(pk=session_id)
     run, message = run_start(session=session, content=pending.content, acting_user=pending.submitted_by)
-    PendingInput.objects.filter(pk=pending.pk).update(
-        consumed_at=timezone.now(), consumed_by=run, disposition=InputDisposition.NEW_RUN,
-        resolved_mode=pending.resolved_mode or pending.mode, message=message,
-    )
+    input_consume(pending=pending, run_id=run.id, disposition=InputDisposition.NEW_RUN,
+                  resolved_mode=pending.resolved_mode or pending.mode, message=message)
     return run
 
 
@@ -93,7 +80,7 @@ def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str
             raise RunBudgetsOverCap(over)
     with transaction.atomic():
         session_lock(session_id=run.session_id)
-        run = Run.objects.select_for_update().get(pk=run.pk)
+        run = run_row_lock(run_id=run.pk)
         if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
             raise RunNotRetryable(f"Only a failed or cancelled run can be retried; this one is {run.status}.")
         if Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_STATUSES).exists():
@@ -102,13 +89,11 @@ def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str
         # The retry goes on with what the run was started with: its agent version too.
         retry = run_create(session=run.session, created_by=acting_user, provider=run.provider,
                            provider_options=run.provider_options, budgets=limits, agent_version=run.agent_version,
-                           budgets_set_by=acting_user if budgets else run.budgets_set_by)
-        Run.objects.filter(pk=retry.pk).update(retry_of=run)
-        retry.retry_of = run
-        run_write(run_id=run.id, events=[(RunEventType.RUN_RETRIED, {"retry": str(retry.id),
-                                                                     "by": getattr(acting_user, "username", None)})])
-        run_write(run_id=retry.id, events=[(RunEventType.RUN_RETRIED, {"retry_of": str(run.id),
-                                                                       "by": getattr(acting_user, "username", None)})])
+                           budgets_set_by=acting_user if budgets else run.budgets_set_by, retry_of=run)
+        run_event_append(run_id=run.id, events=[(RunEventType.RUN_RETRIED, {"retry": str(retry.id),
+                                                                            "by": getattr(acting_user, "username", None)})])
+        run_event_append(run_id=retry.id, events=[(RunEventType.RUN_RETRIED, {"retry_of": str(run.id),
+                                                                              "by": getattr(acting_user, "username", None)})])
         audit_record(actor=acting_user, action="retry", obj=run, run_id=run.id, before={"status": run.status},
                      after={"retry": str(retry.id)}, note=reason)
         run_enqueue(retry.id)
@@ -120,8 +105,8 @@ def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | Non
     over): it goes back to the queue — the same run, never a new one — and a worker is asked for
     after commit. Time spent waiting for a person is given back to the run's deadline."""
     with transaction.atomic():
-        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)  # no_key: see session_lock
-        if run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
+        run = run_row_lock(run_id=run_id)
+        if run is None or run.status != RunStatus.WAITING or run.wait_reason not in set(wait_reasons):
             return False
         changes = {}
         if run.wait_reason in DEADLINE_PAUSED_WAITS and run.wait_started_at is not None:
@@ -175,13 +160,6 @@ def run_end(
     return ended
 
 
-def run_ending_outcome(values: dict, payload: dict, *, outcome: str) -> None:
-    """Beside the status, what the run's writes came to (a refused refund is `completed`): stored
-    with the terminal status and told in its event. The one-statement completion of a run
-    (engine/step_commit.py) sets it the same way."""
-    values["outcome"] = payload["outcome"] = outcome
-
-
 def _close_unstarted(*, run: Run, lease_token: int | None, ending: str) -> None:
     """A run is ending early: open approval requests are withdrawn (nobody decided them, so
     they are neither rejected in the name of whoever cancelled nor expired), calls that never
@@ -191,8 +169,8 @@ def _close_unstarted(*, run: Run, lease_token: int | None, ending: str) -> None:
     why = "the run was cancelled" if ending == RunStatus.CANCELLED else "the run failed"
     withdrawn_by = run.cancel_requested_by if ending == RunStatus.CANCELLED else None
     for approval in Approval.objects.filter(run_id=run.id, status=ApprovalStatus.PENDING):
-        approval_transition(approval=approval, to=ApprovalStatus.WITHDRAWN, decided_by=withdrawn_by,
-                            note=code.replace("_", " "), lease_token=lease_token)
+        approval_close(approval=approval, to=ApprovalStatus.WITHDRAWN, decided_by=withdrawn_by,
+                       note=code.replace("_", " "), lease_token=lease_token)
     closed = []
     for call in ToolCall.objects.filter(run_id=run.id, status__in=[ToolCallStatus.PENDING, ToolCallStatus.RUNNING]):
         if call.status == ToolCallStatus.RUNNING and call.effect == ToolEffect.WRITE:
@@ -203,4 +181,5 @@ def _close_unstarted(*, run: Run, lease_token: int | None, ending: str) -> None:
     if closed:
         messages_append(session_id=run.session_id, messages=[tool_call_message(c) for c in closed])
     for step in Step.objects.filter(run_id=run.id, status=StepStatus.RUNNING):
-        step_transition(step=step, to=StepStatus.DISCARDED, lease_token=lease_token, discard_reason=code.replace("_", " "))
+        # Its step_discarded event is not logged: the run's ending says it all.
+        step_discard(step=step, reason=code.replace("_", " "), lease_token=lease_token)

@@ -3,9 +3,17 @@
 import django.contrib.postgres.fields
 import django.db.models.deletion
 import django.utils.timezone
-import runs_app.models
 import uuid
 from django.db import migrations, models
+
+
+def webhook_secret_new() -> str:
+    """The default this migration was made with (now notifications.models.webhook_secret_new, where
+    the model lives since notifications/0001): a Standard Webhooks secret."""
+    import base64
+    import secrets
+
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 class Migration(migrations.Migration):
@@ -40,7 +48,7 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(primary_key=True, serialize=False)),
                 ('name', models.CharField(max_length=100)),
                 ('url', models.URLField(max_length=500)),
-                ('secret', models.CharField(default=runs_app.models.webhook_secret_new, help_text='Standard Webhooks secret (whsec_…); receivers verify signatures with it.', max_length=100)),
+                ('secret', models.CharField(default=webhook_secret_new, help_text='Standard Webhooks secret (whsec_…); receivers verify signatures with it.', max_length=100)),
                 ('kinds', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(choices=[('approval.requested', 'An approval was requested'), ('approval.expiring', 'A pending approval is about to expire'), ('tool_call.needs_reconciliation', 'A write needs a person to reconcile it'), ('run.failed', 'A run failed'), ('run.completed', 'A run completed')], max_length=40), blank=True, default=list, size=None)),
                 ('active', models.BooleanField(default=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),

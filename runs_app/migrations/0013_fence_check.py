@@ -1,5 +1,5 @@
 """`warden_fence_check(ok, what)`: raises (SQLSTATE WF001) unless `ok`. The engine's one-statement
-step commits (engine/step_commit.py) end with it, so a statement whose fence or status check
+step commits (engine/state/fast.py) end with it, so a statement whose fence or status check
 missed writes nothing at all: the whole statement is one transaction, and the error undoes it."""
 
 from django.db import migrations

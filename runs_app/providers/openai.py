@@ -30,7 +30,7 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
-from runs_app.providers.scripted import classify_input_by_rules
+from runs_app.providers.rules import classify_input_by_rules
 
 _DEFAULT_TIMEOUT_SECONDS = 60.0
 _CLASSIFY_TIMEOUT_SECONDS = 15.0

@@ -1,4 +1,4 @@
-"""One access policy, the same answer everywhere (sessions_app.access): for a customer, an
+"""One access policy, the same answer everywhere (access.policy): for a customer, an
 operator holding each single permission, a superuser and an inactive user, the HTTP API, the
 console's pages, its websocket (a real daphne) and the admin desk each say whether the caller may
 see a session and a run, cancel a run, decide an operator's and a customer's approval, and see and
@@ -16,7 +16,7 @@ from django.test import Client
 
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run
-from sessions_app import access
+from access import policy as access
 from tests.api.conftest import Api, build_world
 from tests.console.helpers import ConsoleSocket, open_socket
 from tests.factories import ApiKeyFactory, UserFactory

@@ -62,7 +62,7 @@ def example_tools():
 @pytest.fixture
 def agent_admin(db):
     """An operator who may define agents."""
-    return grant(UserFactory(username="agent-admin", is_staff=True), ("runs_app", "change_agent"), ("runs_app", "view_agent"))
+    return grant(UserFactory(username="agent-admin", is_staff=True), ("agents", "change_agent"), ("agents", "view_agent"))
 
 
 @pytest.fixture

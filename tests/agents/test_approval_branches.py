@@ -15,9 +15,9 @@ from tests.agents.conftest import HttpApi, wait_for_run
 from tests.api.conftest import grant
 from tests.e2e.conftest import AdminOverHttp
 from tests.factories import UserFactory
-from tools_app.demo.agent import DEMO_AGENT_SLUG
-from tools_app.demo.models import SimRefund
-from tools_app.demo.selectors import sim_refund_count
+from demo.agent import DEMO_AGENT_SLUG
+from demo.models import SimRefund
+from demo.selectors import sim_refund_count
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 

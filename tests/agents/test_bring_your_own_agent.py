@@ -8,8 +8,9 @@ import copy
 
 import pytest
 
-from approvals_app.models import Approval, ApprovalStatus
-from runs_app.models import AgentVersion, Run, RunErrorCode, RunEvent, RunStatus, Step, StepKind, StepStatus, WaitReason
+from approvals_app.models import Approval
+from agents.models import AgentVersion
+from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepKind, StepStatus, WaitReason
 from tests.agents.conftest import HttpApi, extending_snippet, ledger_agent_definition, tool_modules_setting, wait_for_run
 from tests.api.conftest import grant
 from tests.factories import UserFactory
@@ -30,12 +31,12 @@ def _session_and_message(api: HttpApi, *, agent: str, content: str):
 def test_a_deployments_own_tools_and_agent_run_through_real_workers(procs, tmp_path, monkeypatch):
     ledger = tmp_path / "ledger"
     monkeypatch.setenv("EXAMPLE_LEDGER_DIR", str(ledger))  # this process reads the same ledger as the workers
-    procs.base_env |= {"WARDEN_TOOL_MODULES": f"{tool_modules_setting()},tools_app.demo.tools",
+    procs.base_env |= {"WARDEN_TOOL_MODULES": f"{tool_modules_setting()},demo.tools",
                        "EXAMPLE_LEDGER_DIR": str(ledger)}
     procs.start_web(simulator=False)
     procs.start_workers(workers=2)
     procs.start_sweeper()
-    definer = grant(UserFactory(username="agent-admin", is_staff=True), ("runs_app", "change_agent"))
+    definer = grant(UserFactory(username="agent-admin", is_staff=True), ("agents", "change_agent"))
     operator = grant(UserFactory(username="ledger-operator", is_staff=True), ("approvals_app", "decide_approval"))
     customer = UserFactory(username="acme-customer")
     admin_api, operator_api, customer_api = (HttpApi(procs.base_url, user) for user in (definer, operator, customer))

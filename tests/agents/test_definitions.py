@@ -8,8 +8,8 @@ from django.test import Client
 
 from approvals_app.models import AuditEntry
 from engine.actions.agents import AgentNotPermitted
-from runs_app.agents import AgentDefinitionInvalid, agent_definition_check, approval_rule_match
-from runs_app.models import Agent, AgentVersion
+from agents.definitions import AgentDefinitionInvalid, agent_definition_check, approval_rule_match
+from agents.models import Agent, AgentVersion
 from sessions_app.models import Session
 from tests.agents.conftest import define
 from tests.api.conftest import Api
@@ -174,7 +174,7 @@ def _admin_form(**changes) -> dict:
 def test_the_admin_refuses_a_bad_definition_on_its_field_and_saves_nothing(agent_admin, changes, field, words):
     client = Client()
     client.force_login(agent_admin)
-    response = client.post("/admin/runs_app/agent/add/", _admin_form(**changes))
+    response = client.post("/admin/agents/agent/add/", _admin_form(**changes))
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
     assert field in errors and words in " ".join(errors[field]), errors
@@ -184,18 +184,18 @@ def test_the_admin_refuses_a_bad_definition_on_its_field_and_saves_nothing(agent
 def test_the_admin_saves_a_version_each_time(agent_admin):
     client = Client()
     client.force_login(agent_admin)
-    response = client.post("/admin/runs_app/agent/add/", _admin_form())
+    response = client.post("/admin/agents/agent/add/", _admin_form())
     assert response.status_code == 302, response.context["adminform"].form.errors if response.context else response
     agent = Agent.objects.get(slug="refunds")
-    page = client.get(f"/admin/runs_app/agent/{agent.pk}/change/")
+    page = client.get(f"/admin/agents/agent/{agent.pk}/change/")
     assert page.status_code == 200 and "amount &lt;= 20" in page.content.decode()
-    client.post(f"/admin/runs_app/agent/{agent.pk}/change/", _admin_form(instructions="Refund politely."))
+    client.post(f"/admin/agents/agent/{agent.pk}/change/", _admin_form(instructions="Refund politely."))
     agent.refresh_from_db()
     assert agent.current_version.number == 2 and agent.current_version.instructions == "Refund politely."
     # Without the permission the page is read-only.
     viewer = UserFactory(username="viewer", is_staff=True)
     client.force_login(viewer)
-    assert client.post("/admin/runs_app/agent/add/", _admin_form(name="Other")).status_code == 403
+    assert client.post("/admin/agents/agent/add/", _admin_form(name="Other")).status_code == 403
 
 
 # --- the console ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from approvals_app.models import AuditEntry
-from sessions_app.api_keys import api_key_revoke
+from engine.actions.api_keys import api_key_withdraw as api_key_revoke
 from sessions_app.models import ApiKey, Session
 from tests.api.conftest import Api, revoked_key_api
 from tests.factories import ApiKeyFactory, UserFactory

@@ -14,7 +14,7 @@ from django.utils.dateparse import parse_datetime
 from django_q.models import OrmQ
 
 from approvals_app.models import Approval, AuditEntry
-from config.api import api
+from api.v1 import api
 from runs_app.models import TERMINAL_STATUSES, Run, RunEvent
 from sessions_app.models import Message, PendingInput, Session
 from tests.api.conftest import OPERATOR_PERMISSIONS, Api, build_world, grant, revoked_key_api
@@ -55,7 +55,7 @@ LIST_ENDPOINTS = {
 # Endpoints that address no existing object.
 OTHER_ENDPOINTS = {("GET", "/me"), ("POST", "/sessions")}
 # The deployment's agents: everyone signed in reads them (to pick one); defining one or saving a
-# new version needs runs_app.change_agent, which no caller of the matrix has.
+# new version needs agents.change_agent, which no caller of the matrix has.
 AGENT_ENDPOINTS = {("GET", "/agents"), ("GET", "/agents/{slug}"), ("POST", "/agents"), ("PUT", "/agents/{slug}")}
 
 BODIES = {
@@ -260,10 +260,10 @@ def test_me_and_session_create_need_a_valid_identity(caller):
 @pytest.mark.parametrize("caller", CALLERS)
 def test_agents_are_read_by_everyone_signed_in_and_defined_by_nobody_without_the_permission(caller):
     from engine.actions.agents import agent_save
-    from runs_app.models import Agent, AgentVersion
+    from agents.models import Agent, AgentVersion
 
     scene = Scene()
-    admin = grant(UserFactory(username="agent-admin"), ("runs_app", "change_agent"))
+    admin = grant(UserFactory(username="agent-admin"), ("agents", "change_agent"))
     agent_save(definition={"name": "Refunds", "slug": "refunds", "instructions": "Refund eligible orders.",
                            "provider": "scripted", "tools": ["query_order"]}, acting_user=admin)
     before = (Agent.objects.count(), AgentVersion.objects.count())

@@ -167,7 +167,7 @@ def test_wrong_method_is_a_json_405(alice_api):
 
 
 def test_unexpected_failures_are_a_json_500_and_logged(alice_api, monkeypatch, caplog):
-    from runs_app import api as runs_api
+    from api import runs as runs_api
 
     def boom(**kwargs):
         raise RuntimeError("a bug")

@@ -11,7 +11,7 @@ from django.core import signals
 from django.db import close_old_connections
 from django.utils import timezone
 
-from runs_app import api as runs_api
+from api import streams
 from runs_app.models import Run, RunStatus
 from tests.factories import RunEventFactory
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def fast_stream(monkeypatch):
-    monkeypatch.setattr(runs_api, "SSE_POLL_SECONDS", 0.01)
-    monkeypatch.setattr(runs_api, "SSE_KEEPALIVE_SECONDS", 0.05)
+    monkeypatch.setattr(streams, "SSE_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(streams, "SSE_KEEPALIVE_SECONDS", 0.05)
 
 
 def frames(response) -> list[str]:
@@ -101,7 +101,7 @@ def test_bad_last_event_id_is_422(world, alice_api, header):
 
 def test_under_asgi_events_are_sent_while_the_run_is_still_live(world, alice, fast_stream):
     """Daphne serves the app through ASGI: a buffered stream would send nothing until the end."""
-    from config.asgi import application
+    from server.asgi import application
     from tests.factories import ApiKeyFactory
 
     run = world.approval_run
@@ -161,22 +161,22 @@ def test_an_open_stream_ends_when_its_key_is_revoked(world, alice_api, fast_stre
     from sessions_app.api_keys import api_key_revoke
     from sessions_app.models import ApiKey
 
-    monkeypatch.setattr(runs_api, "SSE_RECHECK_SECONDS", 0.02)
+    monkeypatch.setattr(streams, "SSE_RECHECK_SECONDS", 0.02)
     stream = iter(alice_api.get(f"/runs/{world.approval_run.pk}/events/stream", {"max_seconds": 60}).streaming_content)
     assert event_ids([next(stream).decode() for _ in range(3)]) == [1, 2]
     api_key_revoke(api_key=ApiKey.objects.get(owner=world.approval_run.session.owner))
     rest = [chunk.decode() for chunk in stream if not chunk.startswith(b":")]
-    assert rest == [runs_api.SSE_ACCESS_REVOKED]
+    assert rest == [streams.SSE_ACCESS_REVOKED]
 
 
 def test_an_open_stream_ends_when_the_browser_logs_out(world, alice, fast_stream, monkeypatch):
     from django.test import Client
 
-    monkeypatch.setattr(runs_api, "SSE_RECHECK_SECONDS", 0.02)
+    monkeypatch.setattr(streams, "SSE_RECHECK_SECONDS", 0.02)
     browser = Client()
     browser.force_login(alice)
     stream = iter(browser.get(f"/api/v1/runs/{world.approval_run.pk}/events/stream", {"max_seconds": 60}).streaming_content)
     assert event_ids([next(stream).decode() for _ in range(3)]) == [1, 2]
     browser.logout()
     rest = [chunk.decode() for chunk in stream if not chunk.startswith(b":")]
-    assert rest == [runs_api.SSE_ACCESS_REVOKED]
+    assert rest == [streams.SSE_ACCESS_REVOKED]

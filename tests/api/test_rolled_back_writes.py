@@ -37,7 +37,7 @@ def _answered_try_again(response) -> dict:
 
 @pytest.mark.parametrize("condition", ROLLBACKS)
 def test_a_message_post_the_database_rolled_back_is_503_with_retry_after(world, alice_api, monkeypatch, condition):
-    monkeypatch.setattr("sessions_app.api.message_post", _rolled_back_by_postgres(condition))
+    monkeypatch.setattr("api.sessions.message_post", _rolled_back_by_postgres(condition))
     messages, pending = Message.objects.count(), PendingInput.objects.count()
     _answered_try_again(alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "refund order 9527"}))
     assert (Message.objects.count(), PendingInput.objects.count()) == (messages, pending)
@@ -48,21 +48,21 @@ def test_a_message_post_the_database_rolled_back_is_503_with_retry_after(world, 
 
 @pytest.mark.parametrize("condition", ROLLBACKS)
 def test_a_cancel_the_database_rolled_back_is_503(world, alice_api, monkeypatch, condition):
-    monkeypatch.setattr("runs_app.api.run_cancel_request", _rolled_back_by_postgres(condition))
+    monkeypatch.setattr("api.runs.run_cancel_request", _rolled_back_by_postgres(condition))
     _answered_try_again(alice_api.post(f"/runs/{world.approval_run.pk}/cancel", {"reason": "changed my mind"}))
     assert Run.objects.get(pk=world.approval_run.pk).cancel_requested_at is None
 
 
 @pytest.mark.parametrize("condition", ROLLBACKS)
 def test_a_decision_the_database_rolled_back_is_503(world, alice_api, monkeypatch, condition):
-    monkeypatch.setattr("approvals_app.api.approval_decide", _rolled_back_by_postgres(condition))
+    monkeypatch.setattr("api.approvals.approval_decide", _rolled_back_by_postgres(condition))
     _answered_try_again(alice_api.post(f"/approvals/{world.user_approval.pk}/decision", {"decision": "approve"}))
 
 
 @pytest.mark.parametrize("condition", ROLLBACKS)
 @pytest.mark.parametrize(("endpoint", "action", "body"), [
-    ("resolve", "tools_app.api.tool_call_resolve", {"applied": True, "evidence": "ledger entry L-1"}),
-    ("reconcile", "tools_app.api.tool_call_reconcile_auto", None),
+    ("resolve", "api.tool_calls.tool_call_resolve", {"applied": True, "evidence": "ledger entry L-1"}),
+    ("reconcile", "api.tool_calls.tool_call_reconcile_auto", None),
 ])
 def test_a_reconciliation_the_database_rolled_back_is_503(world, operator_api, monkeypatch, condition, endpoint, action, body):
     monkeypatch.setattr(action, _rolled_back_by_postgres(condition))
@@ -71,7 +71,7 @@ def test_a_reconciliation_the_database_rolled_back_is_503(world, operator_api, m
 
 def test_other_database_errors_stay_a_logged_500(world, alice_api, monkeypatch):
     """Only a rollback the client can retry is a 503; anything else is a bug."""
-    monkeypatch.setattr("sessions_app.api.message_post", _rolled_back_by_postgres("insufficient_resources"))
+    monkeypatch.setattr("api.sessions.message_post", _rolled_back_by_postgres("insufficient_resources"))
     response = alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "hi"})
     assert response.status_code == 500 and response.json()["code"] == "internal_error"
     assert "Retry-After" not in response

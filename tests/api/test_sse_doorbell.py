@@ -18,13 +18,12 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection, transaction
 from django.test import override_settings
-from django.utils import timezone
 
-from runs_app import api as runs_api
+from api import streams
 from runs_app.events import RunEventType
 from runs_app.live import session_group
 from runs_app.models import Run, RunStatus, WaitReason
-from runs_app.services import run_write
+from engine.state import run_transition, run_write
 from tests.console.helpers import (
     REDIS_TEST_URL, postgres_layer_for_test_db, postgres_layer_pool_drop, redis_layer, require_redis,
 )
@@ -50,8 +49,8 @@ def install(sender, connection, **kwargs):
         connection.execute_wrappers.append(count)
 
 connection_created.connect(install)
-import config.asgi  # Django set up as daphne does it; then the stream's timings for this test
-from runs_app import api
+import server.asgi  # Django set up as daphne does it; then the stream's timings for this test
+from api import streams as api
 for name, value in json.loads(os.environ["SSE_TEST_TIMINGS"]).items():
     setattr(api, name, value)
 from daphne.cli import CommandLineInterface
@@ -69,7 +68,7 @@ class CountingDaphne:
     def start(self, **timings) -> None:
         self.log.write_text("")
         self.procs.start("web", [sys.executable, "-c", COUNTING_DAPHNE, "-b", "127.0.0.1", "-p", str(self.procs.port),
-                                 "config.asgi:application"],
+                                 "server.asgi:application"],
                          env={"SSE_TEST_QUERY_LOG": str(self.log), "SSE_TEST_TIMINGS": json.dumps(timings)})
         wait_for(lambda: self.procs._listening(self.procs.port), message="daphne to accept connections")
 
@@ -161,10 +160,9 @@ def append_input(run: Run, *notes: str) -> None:
 
 
 def finish(run: Run) -> None:
-    payload = {"status": RunStatus.COMPLETED, "phase": "", "wait_reason": ""}
+    """The run ends (cancelled while it waits: a legal way out of its wait) through the state module."""
     with transaction.atomic():
-        run_write(run_id=run.pk, changes={"status": RunStatus.COMPLETED, "wait_reason": "", "finished_at": timezone.now()},
-                  events=[(RunEventType.RUN_STATUS, payload)])
+        assert run_transition(run=Run.objects.get(pk=run.pk), to=RunStatus.CANCELLED)
 
 
 def group_members(layer: str, group: str) -> int:
@@ -215,7 +213,7 @@ def test_events_appended_by_another_process_reach_the_client_in_order_by_doorbel
     notes = [json.loads(frame["data"])["payload"].get("content") for frame in received[:-1]]
     assert notes == [f"note {n}" for n in range(10)] + ["batch a", "batch b", "batch c"]
     assert received[-1]["event"] == "run_status"
-    assert frame == {"event": "end", "data": '{"status": "completed"}'}
+    assert frame == {"event": "end", "data": '{"status": "cancelled"}'}
 
 
 def test_an_idle_stream_reads_the_database_only_for_its_idle_reads(daphne, waiting_run):
@@ -301,7 +299,7 @@ def test_the_wire_format_is_unchanged_by_the_doorbell(daphne, waiting_run):
         ("1", "run_status"), ("2", "approval_requested"), ("3", "run_status")]
     data = json.loads(frames[3]["data"])
     assert set(data) == {"seq", "type", "payload", "created_at"} and data["seq"] == 3 and data["type"] == "run_status"
-    assert frames[-1] == {"event": "end", "data": '{"status": "completed"}'}
+    assert frames[-1] == {"event": "end", "data": '{"status": "cancelled"}'}
 
 
 # A Redis nobody listens on: the layer is configured, but joining a group fails.
@@ -312,9 +310,9 @@ LAYER_DOWN = {"default": {"BACKEND": "config.channel_layers.RedisPubSubChannelLa
 def test_without_a_working_layer_the_stream_polls_and_a_disconnect_ends_it(waiting_run, monkeypatch, layers):
     """In this process, through the ASGI application: events appended with no doorbell still
     arrive, and the client going away (http.disconnect) ends the stream's task."""
-    from config.asgi import application
+    from server.asgi import application
 
-    monkeypatch.setattr(runs_api, "SSE_POLL_WITHOUT_LAYER_SECONDS", 0.05)
+    monkeypatch.setattr(streams, "SSE_POLL_WITHOUT_LAYER_SECONDS", 0.05)
     run, key = waiting_run
 
     def append_without_doorbell():

@@ -2,14 +2,14 @@ from approvals_app.models import Approval, ApprovalStatus
 from engine.actions.approvals import approval_decide
 from runs_app.models import TERMINAL_STATUSES, Run, RunEvent, RunStatus, WaitReason
 from engine.actions.messages import message_post
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
 
 def post(text: str, **kwargs) -> Run:
     user = UserFactory()
-    session = session_create(owner=user, title="chaos")
+    session = session_open(owner=user, title="chaos")
     return message_post(session=session, content=text, acting_user=user, **kwargs).run
 
 
@@ -37,7 +37,7 @@ def seqs_gap_free(run_id) -> bool:
 def refund_outcomes_are_honest(run_ids) -> list[str]:
     """At most one refund per order; exactly one where the run says it succeeded, none where
     it says it was not applied. Returns the problems found (empty when all is well)."""
-    from tools_app.demo.selectors import sim_refund_count
+    from demo.selectors import sim_refund_count
 
     problems = []
     for call in ToolCall.objects.filter(run_id__in=run_ids, tool_name="execute_refund", reused_from__isnull=True):

@@ -22,7 +22,7 @@ def _seq(run_id, **filters):
 
 
 def test_cancel_during_a_streaming_model_call_aborts_the_stream(procs, demo_world):
-    from runs_app.providers.scripted import HELP_TEXT
+    from demo.model import HELP_TEXT
 
     procs.start_web()
     procs.start_workers(workers=1)
@@ -41,8 +41,8 @@ def test_cancel_during_a_streaming_model_call_aborts_the_stream(procs, demo_worl
 
 
 def test_cancel_during_an_in_flight_refund_waits_for_the_write_and_lists_it(procs, demo_world, desk_operator):
-    from tools_app.demo.selectors import sim_refund_count
-    from tools_app.demo.services import sim_fault_set
+    from demo.selectors import sim_refund_count
+    from demo.services import sim_fault_set
 
     procs.start_web()
     procs.start_workers(workers=1)
@@ -62,8 +62,8 @@ def test_cancel_during_an_in_flight_refund_waits_for_the_write_and_lists_it(proc
 
 
 def test_cancel_during_a_refund_that_times_out_reconciles_before_cancelling(procs, demo_world, desk_operator):
-    from tools_app.demo.selectors import sim_refund_count
-    from tools_app.demo.services import sim_fault_set
+    from demo.selectors import sim_refund_count
+    from demo.services import sim_fault_set
 
     procs.start_web()
     procs.start_workers(workers=1)
@@ -112,7 +112,7 @@ def test_a_run_whose_worker_died_mid_refund_ends_only_after_the_refund_is_reconc
     as `unknown`, it is reconciled (booked: applied), and only then does the run end."""
     from django.utils import timezone
 
-    from tools_app.demo.selectors import sim_refund_count
+    from demo.selectors import sim_refund_count
 
     procs.start_web()
     procs.start_workers("doomed", workers=1, env={"WARDEN_FAULT_POINTS": "after_downstream_call=die"})

@@ -8,7 +8,7 @@ import pytest
 from runs_app.models import ACTIVE_STATUSES, Run, RunEvent, RunStatus
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
 from engine.actions.messages import message_post
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.chaos.helpers import all_terminal
 from tests.factories import UserFactory
 from tests.support.processes import wait_for
@@ -20,7 +20,7 @@ def test_a_storm_of_interjections_is_accounted_for_exactly_once_in_order(procs, 
     procs.start_web()
     procs.start_workers(workers=2)
     user = UserFactory()
-    session = session_create(owner=user, title="storm")
+    session = session_open(owner=user, title="storm")
     first = message_post(session=session, content="please run noop 6", acting_user=user, provider_options={"delay": 0.05}).run
     wait_for(lambda: Run.objects.filter(pk=first.id, status=RunStatus.RUNNING).exists(), message="the run to be busy")
 
@@ -79,7 +79,7 @@ def test_an_intent_switch_cancels_the_run_and_starts_a_new_one(procs, demo_world
     procs.start_web()
     procs.start_workers(workers=1)
     user = UserFactory()
-    session = session_create(owner=user, title="switch")
+    session = session_open(owner=user, title="switch")
     # Long enough that the switch surely arrives before the run's last model call.
     first = message_post(session=session, content="please run noop 30", acting_user=user,
                          provider_options={"delay": 0.1}, budgets={"max_model_calls": 40}).run
@@ -104,7 +104,7 @@ def test_an_intent_switch_while_waiting_for_approval_cancels_at_once(transaction
 
     call_command("seed_demo", verbosity=0)
     user = UserFactory()
-    session = session_create(owner=user, title="switch while waiting")
+    session = session_open(owner=user, title="switch while waiting")
     first = message_post(session=session, content="Check order 9527 and refund it if it's eligible", acting_user=user,
                          provider_options={"delay": 0}).run
     run_drive(run_id=str(first.id))

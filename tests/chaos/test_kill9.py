@@ -31,7 +31,7 @@ def _approve(operator, runs) -> None:
 
 
 def test_sigkill_at_named_points_and_at_random_books_every_refund_at_most_once(procs, demo_world, desk_operator):
-    from tools_app.demo.selectors import sim_refund_count
+    from demo.selectors import sim_refund_count
 
     procs.start_web()
     procs.start_sweeper()

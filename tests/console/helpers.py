@@ -1,4 +1,4 @@
-"""A console client in Python: the websocket protocol of sessions_app.console.consumer, as a test
+"""A console client in Python: the websocket protocol of console.consumer, as a test
 drives it, and the offset reconciliation console.js applies to streamed text."""
 
 import json

@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from runs_app.models import Run, RunEvent, RunStatus, StepKind, StepStatus, WaitReason
-from runs_app.services import run_write
+from engine.state import run_write
 from sessions_app.models import PendingInput
 from engine.actions.messages import message_post
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import TEST_PASSWORD, ApprovalFactory, RunFactory, SessionFactory, StepFactory, ToolCallFactory, UserFactory
 from tools_app.models import ToolCallStatus, ToolEffect
 
@@ -57,7 +57,7 @@ def test_the_console_requires_login_and_customers_can_log_in(settings):
 
 def test_a_user_cannot_open_another_users_session_or_run():
     owner, stranger = UserFactory(), UserFactory()
-    session = session_create(owner=owner, title="mine alone")
+    session = session_open(owner=owner, title="mine alone")
     run = message_post(session=session, content="hello", acting_user=owner).run
     stranger_client = client_for(stranger)
     assert stranger_client.get(f"/console/sessions/{session.pk}/").status_code == 404
@@ -72,7 +72,7 @@ def test_an_operator_with_view_permission_may_watch_any_session():
     owner = UserFactory()
     operator = UserFactory(is_staff=True)
     operator.user_permissions.add(Permission.objects.get(codename="view_run"))
-    session = session_create(owner=owner, title="watched")
+    session = session_open(owner=owner, title="watched")
     html = page(client_for(operator), f"/console/sessions/{session.pk}/")
     assert "watching" in html and 'data-role="composer"' not in html  # watch, not write
 
@@ -103,7 +103,7 @@ def test_a_waiting_refund_shows_tool_cards_and_waiting_for_an_operator():
     owner = UserFactory()
     operator = UserFactory(is_staff=True)
     operator.user_permissions.add(Permission.objects.get(codename="view_run"))
-    session = session_create(owner=owner, title="refund")
+    session = session_open(owner=owner, title="refund")
     run = RunFactory(session=session, status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
     tools = StepFactory(run=run, index=1, kind=StepKind.TOOLS)
     ToolCallFactory(step=tools, index=0, status=ToolCallStatus.SUCCEEDED, result={"order_id": "9527", "refund_eligible": True},
@@ -126,7 +126,7 @@ def test_a_waiting_refund_shows_tool_cards_and_waiting_for_an_operator():
 
 def test_a_user_level_confirmation_is_offered_to_the_owner_and_decided_without_javascript():
     owner = UserFactory()
-    session = session_create(owner=owner, title="confirm")
+    session = session_open(owner=owner, title="confirm")
     run = RunFactory(session=session, status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
     approval = ApprovalFactory(tool_call__step__run=run, policy=ApprovalPolicy.USER)
     client = client_for(owner)
@@ -142,7 +142,7 @@ def test_a_user_level_confirmation_is_offered_to_the_owner_and_decided_without_j
 
 def test_a_cancelled_run_lists_the_side_effects_it_already_applied():
     owner = UserFactory()
-    session = session_create(owner=owner, title="cancelled")
+    session = session_open(owner=owner, title="cancelled")
     now = timezone.now()
     run = RunFactory(session=session, status=RunStatus.CANCELLED, phase="", finished_at=now)
     tools = StepFactory(run=run, index=1, kind=StepKind.TOOLS, status=StepStatus.COMPLETED, finished_at=now)
@@ -160,7 +160,7 @@ def test_text_the_database_cannot_hold_or_too_long_is_refused_with_a_message_and
 
     owner = UserFactory()
     client = client_for(owner)
-    session = session_create(owner=owner, title="limits")
+    session = session_open(owner=owner, title="limits")
     run = message_post(session=session, content="hello", acting_user=owner).run
     before = (Session.objects.count(), Message.objects.count(), PendingInput.objects.count())
 
@@ -179,7 +179,7 @@ def test_text_the_database_cannot_hold_or_too_long_is_refused_with_a_message_and
 
 def test_cancel_without_javascript_goes_through_the_cancel_protocol():
     owner = UserFactory()
-    session = session_create(owner=owner, title="stop")
+    session = session_open(owner=owner, title="stop")
     run = message_post(session=session, content="hello", acting_user=owner).run
     client_for(owner).post(f"/console/runs/{run.pk}/cancel/")
     run.refresh_from_db()
@@ -188,10 +188,10 @@ def test_cancel_without_javascript_goes_through_the_cancel_protocol():
 
 
 def test_the_timeline_shows_where_the_time_went():
-    from sessions_app.console.timeline import duration_text, run_timeline
+    from runs_app.timeline import duration_text, run_timeline
 
     owner = UserFactory()
-    run = RunFactory(session=session_create(owner=owner), status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
+    run = RunFactory(session=session_open(owner=owner), status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
     start = run.created_at
     marks = [
         (0, {"status": "queued", "phase": "waiting_worker", "wait_reason": ""}),

@@ -12,11 +12,11 @@ from websockets.exceptions import InvalidStatus
 from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
 from runs_app.live import session_group
 from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus, WaitReason
-from runs_app.providers.scripted import HELP_TEXT
-from runs_app.services import run_event_append
+from demo.model import HELP_TEXT
+from engine.state import run_event_append
 from sessions_app.models import Message, MessageRole
 from engine.actions.messages import message_post
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.console.helpers import REDIS_TEST_URL, ConsoleSocket, open_socket, redis_layer, require_redis, session_cookie
 from tests.factories import ApprovalFactory, RunFactory, UserFactory
 from tests.support.processes import wait_for
@@ -58,7 +58,7 @@ def test_only_the_exact_trusted_origin_may_open_a_socket(procs, debug):
     assert refused == {origin: 403 for origin in foreign}
     with ConsoleSocket(open_socket(procs, user=user, origin=procs.base_url)) as console:
         # The console's own origin is let in, and the socket works.
-        assert console.subscribe(session_create(owner=user, title="mine").pk)["type"] == "subscribed"
+        assert console.subscribe(session_open(owner=user, title="mine").pk)["type"] == "subscribed"
 
 
 def test_anonymous_handshake_is_refused(procs):
@@ -71,8 +71,8 @@ def test_anonymous_handshake_is_refused(procs):
 def test_another_users_session_is_refused_and_none_of_its_events_arrive(procs):
     procs.start_web()
     owner, stranger = UserFactory(), UserFactory()
-    private = session_create(owner=owner, title="private")
-    own = session_create(owner=stranger, title="mine")
+    private = session_open(owner=owner, title="private")
+    own = session_open(owner=stranger, title="mine")
     with ConsoleSocket(open_socket(procs, user=stranger)) as console:
         refused = console.subscribe(private.pk)
         assert (refused["type"], refused["code"]) == ("error", "not_found")
@@ -95,7 +95,7 @@ def test_leaving_removes_the_console_from_the_sessions_group(procs):
 
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="leave")
+    session = session_open(owner=user, title="leave")
     members = GroupChannel.objects.filter(group_key=f"asgi:group:{session_group(session.pk)}")
     with ConsoleSocket(open_socket(procs, user=user)) as console:
         console.subscribe(session.pk)
@@ -108,7 +108,7 @@ def test_an_operator_may_watch_any_session_but_not_write_in_it(procs):
     owner = UserFactory()
     operator = UserFactory(is_staff=True)
     operator.user_permissions.add(Permission.objects.get(codename="view_run"))
-    session = session_create(owner=owner, title="watched")
+    session = session_open(owner=owner, title="watched")
     run = message_post(session=session, content="hello", acting_user=owner).run
     with ConsoleSocket(open_socket(procs, user=operator)) as console:
         subscribed = console.subscribe(session.pk)
@@ -127,7 +127,7 @@ def test_an_open_console_leaves_what_its_user_may_no_longer_see_and_closes_on_lo
     owner = UserFactory()
     operator = UserFactory(is_staff=True)
     operator.user_permissions.add(Permission.objects.get(codename="view_run"))
-    session = session_create(owner=owner, title="watched")
+    session = session_open(owner=owner, title="watched")
     cookie = session_cookie(operator)
     with ConsoleSocket(open_socket(procs, cookie=cookie)) as console:
         assert console.subscribe(session.pk)["type"] == "subscribed"
@@ -149,7 +149,7 @@ def test_reconnecting_catches_up_with_no_gaps_or_duplicates(procs, demo_world):
     procs.start_web()
     procs.start_workers(workers=1)
     user = UserFactory()
-    session = session_create(owner=user, title="reconnect")
+    session = session_open(owner=user, title="reconnect")
     with ConsoleSocket(open_socket(procs, user=user)) as first:
         first.subscribe(session.pk)
         run = message_post(session=session, content=WEATHER, acting_user=user, provider_options={"delay": 0.2}).run
@@ -176,14 +176,14 @@ def test_reconnecting_catches_up_with_no_gaps_or_duplicates(procs, demo_world):
 def test_a_lost_doorbell_is_filled_from_the_event_log(procs):
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="lossy")
+    session = session_open(owner=user, title="lossy")
     with ConsoleSocket(open_socket(procs, user=user)) as console:
         console.subscribe(session.pk)
         run = message_post(session=session, content="hello", acting_user=user).run
         console.until(lambda m: m["type"] == "events" and m["run_id"] == str(run.pk))
         with override_settings(CHANNEL_LAYERS={}):  # this event is committed but never announced
-            run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "1"})
-        run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "2"})
+            run_event_append(run_id=run.pk, events=[("input_queued", {"content": "1"})])
+        run_event_append(run_id=run.pk, events=[("input_queued", {"content": "2"})])
         console.until(lambda m: m["type"] == "events" and m["events"][-1]["seq"] == 3)
     assert console.seqs[str(run.pk)] == [1, 2, 3]
     notes = [e["payload"] for m in console.received if m["type"] == "events" for e in m["events"] if e["type"] == "input_queued"]
@@ -197,7 +197,7 @@ def test_streamed_text_goes_out_without_waiting_for_the_models_next_piece(procs)
 
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="quiet model")
+    session = session_open(owner=user, title="quiet model")
     run = message_post(session=session, content="hello", acting_user=user).run
     with ConsoleSocket(open_socket(procs, user=user)) as console:
         console.subscribe(session.pk)
@@ -219,7 +219,7 @@ def test_tool_call_fragments_arrive_in_order_once_each_with_their_offsets(procs)
 
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="drafts")
+    session = session_open(owner=user, title="drafts")
     run = message_post(session=session, content="hello", acting_user=user).run
     arguments = '{"order_id": "A-1001", "amount": "20.00"}'
     with ConsoleSocket(open_socket(procs, user=user)) as console:
@@ -234,7 +234,7 @@ def test_tool_call_fragments_arrive_in_order_once_each_with_their_offsets(procs)
         publish_delta(session_id=session.pk, run_id=run.pk, delta={
             "kind": "tool_call_delta", "step": 0, "index": 0, "id": "call_1", "name": "execute_refund", "offset": 0,
             "arguments": arguments[:8]})
-        run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "fence"})
+        run_event_append(run_id=run.pk, events=[("input_queued", {"content": "fence"})])
         console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "input_queued")
     fragments = [m["delta"] for m in console.received if m["type"] == "delta"]
     assert all(f["kind"] == "tool_call_delta" and f["name"] == "execute_refund" for f in fragments)
@@ -249,7 +249,7 @@ def test_a_lost_text_doorbell_is_repaired_by_the_next_delta_carrying_the_text_so
 
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="lossy text")
+    session = session_open(owner=user, title="lossy text")
     run = message_post(session=session, content="hello", acting_user=user).run
 
     def text(offset, piece, so_far=None):
@@ -283,7 +283,7 @@ def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(proc
 
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="storm")
+    session = session_open(owner=user, title="storm")
     run = message_post(session=session, content="hello", acting_user=user).run
     cookie = session_cookie(user)  # here: a database connection opened in a pool thread would outlive the test
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -293,7 +293,7 @@ def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(proc
            "arguments": "x" * 9000}
     publish_delta(session_id=session.pk, run_id=run.pk, delta=big)
     publish_delta(session_id=session.pk, run_id=run.pk, delta={**big, "offset": 9000, "arguments": "small"})
-    run_event_append(run_id=run.pk, kind="input_queued", payload={"content": "fence"})
+    run_event_append(run_id=run.pk, events=[("input_queued", {"content": "fence"})])
     for console in consoles:
         with console:
             console.until(lambda m: m["type"] == "events" and m["events"][-1]["type"] == "input_queued")
@@ -305,7 +305,7 @@ def test_a_console_joining_mid_stream_shows_the_text_so_far_without_duplicates(p
     procs.start_web()
     procs.start_workers(workers=1)
     user = UserFactory()
-    session = session_create(owner=user, title="late")
+    session = session_open(owner=user, title="late")
     # "hello" gets the long help text, streamed two words every 0.3 s.
     run = message_post(session=session, content="hello", acting_user=user, provider_options={"delay": 0.3}).run
     step = wait_for(
@@ -356,7 +356,7 @@ def test_workers_answer_reaches_the_client_live_through_each_layer(procs, demo_w
         procs.start_web()
         procs.start_workers(workers=1)
         user = UserFactory()
-        session = session_create(owner=user, title=f"live over {layer}")
+        session = session_open(owner=user, title=f"live over {layer}")
         with ConsoleSocket(open_socket(procs, user=user)) as console:
             console.subscribe(session.pk)
             # Proof of which layer daphne joined the session's group on.
@@ -392,7 +392,7 @@ def test_an_idle_console_on_redis_stays_connected(procs):
     with override_settings(CHANNEL_LAYERS=redis_layer()):
         procs.start_web()
         user = UserFactory()
-        session = session_create(owner=user, title="quiet")
+        session = session_open(owner=user, title="quiet")
         with ConsoleSocket(open_socket(procs, user=user)) as console:
             console.subscribe(session.pk)
             time.sleep(7)  # quiet for longer than one wait (not a timing assertion)
@@ -406,7 +406,7 @@ def test_an_idle_console_on_redis_stays_connected(procs):
 def test_post_and_cancel_go_through_the_services(procs):
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="actions")
+    session = session_open(owner=user, title="actions")
     with ConsoleSocket(open_socket(procs, user=user)) as console:
         console.subscribe(session.pk)
         console.send(action="post", session=str(session.pk), content="hello", ref="1")
@@ -433,10 +433,10 @@ def test_post_and_cancel_go_through_the_services(procs):
 def test_the_owner_confirms_a_user_level_approval_over_the_socket(procs):
     procs.start_web()
     owner, stranger = UserFactory(), UserFactory()
-    session = session_create(owner=owner, title="confirm")
+    session = session_open(owner=owner, title="confirm")
     run = RunFactory(session=session, status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
     approval = ApprovalFactory(tool_call__step__run=run, policy=ApprovalPolicy.USER)
-    elsewhere = RunFactory(session=session_create(owner=owner), status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
+    elsewhere = RunFactory(session=session_open(owner=owner), status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
     operators_only = ApprovalFactory(tool_call__step__run=elsewhere, policy=ApprovalPolicy.OPERATOR)
 
     with ConsoleSocket(open_socket(procs, user=stranger)) as console:
@@ -470,5 +470,5 @@ def test_socket_errors_are_json_with_a_code(procs):
         assert console.until(lambda m: m.get("ref") == "x")["code"] == "unknown_action"
         console.send(action="subscribe", session="not-a-uuid", ref="y")
         assert console.until(lambda m: m.get("ref") == "y")["code"] == "not_found"
-        console.send(action="subscribe", session=str(session_create(owner=user).pk), after={"x": 1}, ref="z")
+        console.send(action="subscribe", session=str(session_open(owner=user).pk), after={"x": 1}, ref="z")
         assert console.until(lambda m: m.get("ref") == "z")["code"] == "bad_request"

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client, override_settings
 
 from sessions_app.models import Message, PendingInput, Session
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.console.helpers import ConsoleSocket, open_socket
 from tests.factories import ApiKeyFactory, UserFactory
 
@@ -34,7 +34,7 @@ def test_messages_over_the_socket_stop_at_the_write_limit(procs):
     procs.base_env["WARDEN_API_WRITE_RATE_PER_USER"] = "3/hour"
     procs.start_web()
     user = UserFactory()
-    session = session_create(owner=user, title="chatty")
+    session = session_open(owner=user, title="chatty")
     with ConsoleSocket(open_socket(procs, user=user)) as console:
         console.subscribe(session.pk)
         replies = []

@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import factory
 
-from tools_app.demo.models import SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel
+from demo.models import SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel
 
 
 class SimOrderFactory(factory.django.DjangoModelFactory):

@@ -4,8 +4,8 @@ import httpx
 import pytest
 
 from tests.demo.factories import SimOrderFactory
-from tools_app.demo.selectors import sim_refund_count
-from tools_app.demo.services import sim_fault_set
+from demo.selectors import sim_refund_count
+from demo.services import sim_fault_set
 from tools_app.registry import ToolOutcomeUnknown, tool_get
 
 refund_tool = tool_get("execute_refund")

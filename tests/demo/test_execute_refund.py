@@ -7,8 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from tests.demo.factories import SimOrderFactory, SimRefundFactory
-from tools_app.demo.selectors import sim_refund_count
-from tools_app.demo.services import sim_fault_set
+from demo.selectors import sim_refund_count
+from demo.services import sim_fault_set
 from tools_app.models import ToolEffect
 from tools_app.registry import ApprovalRequirement, ToolError, ToolOutcomeUnknown, tool_get
 

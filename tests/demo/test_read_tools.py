@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.demo.factories import SimOrderFactory, SimUserLevelFactory
-from tools_app.demo.services import sim_fault_set
+from demo.services import sim_fault_set
 from tools_app.models import ToolEffect
 from tools_app.registry import ToolError, tool_get
 

@@ -8,9 +8,9 @@ import pytest
 from django.db import connection, transaction
 
 from tests.demo.factories import SimOrderFactory, SimRefundFactory
-from tools_app.demo.models import SimRefund
-from tools_app.demo.selectors import sim_refund_count
-from tools_app.demo.services import SimError, sim_refund_book
+from demo.models import SimRefund
+from demo.selectors import sim_refund_count
+from demo.services import SimError, sim_refund_book
 
 
 def book(order_id="9527", amount="25.00", key="key-1", reason="customer request"):

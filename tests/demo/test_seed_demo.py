@@ -5,7 +5,7 @@ import pytest
 from django.core.management import call_command
 
 from tests.demo.factories import SimFaultFactory, SimRefundFactory
-from tools_app.demo.models import SimFault, SimOrder, SimRefund, SimUserLevel
+from demo.models import SimFault, SimOrder, SimRefund, SimUserLevel
 
 
 @pytest.mark.django_db

@@ -1,5 +1,5 @@
 """The simulated service's HTTP contract, through Django's test client on the simulator's own
-URLconf — the one its server uses (tools_app/demo/asgi.py); the main application has no /sim."""
+URLconf — the one its server uses (demo/asgi.py); the main application has no /sim."""
 
 import json
 from decimal import Decimal
@@ -10,10 +10,10 @@ from django.test import Client
 
 from tests.demo.factories import SimFaultFactory, SimOrderFactory, SimRefundFactory, SimUserLevelFactory
 from tests.factories import UserFactory
-from tools_app.demo.models import SimFault, SimFaultMode, SimFaultTarget
-from tools_app.demo.selectors import sim_refund_count
+from demo.models import SimFault, SimFaultMode, SimFaultTarget
+from demo.selectors import sim_refund_count
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tools_app.demo.urls")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("demo.urls")]
 
 
 def post_refund(client, body, key="key-1"):

@@ -2,9 +2,9 @@
 
 import pytest
 
-from tools_app.demo.models import SimFault, SimFaultMode, SimFaultTarget
-from tools_app.demo.selectors import sim_fault_list
-from tools_app.demo.services import SimError, sim_fault_clear, sim_fault_consume, sim_fault_set
+from demo.models import SimFault, SimFaultMode, SimFaultTarget
+from demo.selectors import sim_fault_list
+from demo.services import SimError, sim_fault_clear, sim_fault_consume, sim_fault_set
 
 
 @pytest.mark.django_db

@@ -9,11 +9,12 @@ from django.db import transaction
 
 from engine.actions.runs import run_end
 from engine.webhooks import webhooks_deliver_due
-from runs_app.models import DeliveryStatus, NotificationKind, RunErrorCode, RunStatus, WebhookDelivery, WebhookEndpoint
-from runs_app.notifications import webhook_body_bytes
+from demo.accounts import DEMO_WEBHOOK_ENDPOINT
+from notifications.models import DeliveryStatus, NotificationKind, WebhookDelivery, WebhookEndpoint
+from runs_app.models import RunErrorCode, RunStatus
+from notifications.outbox import webhook_body_bytes
 from tests.factories import RunFactory, UserFactory
-from tools_app.demo.models import SimWebhookReceipt
-from runs_app.notifications import DEMO_WEBHOOK_ENDPOINT
+from demo.models import SimWebhookReceipt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,8 @@ from django.utils import timezone
 from approvals_app.models import Approval
 from runs_app.models import Run, RunStatus, StepKind, StepStatus, WaitReason
 from sessions_app.models import Message, MessageRole
-from sessions_app.services import messages_append, session_create
+from sessions_app.services import messages_append
+from engine.actions.sessions import session_open
 from tests.factories import ApprovalFactory, RunFactory, StepFactory, ToolCallFactory, UserFactory
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 
@@ -75,7 +76,7 @@ class RefundScene:
 def _refund_scene(*, owner, wait_reason: str, refund_status: str) -> RefundScene:
     """Check order 9527 and refund it: query_order answered, execute_refund proposed, the run
     suspended on `wait_reason` — rows and history as the engine writes them."""
-    session = session_create(owner=owner, title="refund 9527")
+    session = session_open(owner=owner, title="refund 9527")
     run = RunFactory(session=session, status=RunStatus.WAITING, phase="", wait_reason=wait_reason)
     first_model = StepFactory(run=run, index=0, kind=StepKind.MODEL, status=StepStatus.COMPLETED, finished_at=timezone.now())
     first_tools = StepFactory(run=run, index=1, kind=StepKind.TOOLS, status=StepStatus.COMPLETED, finished_at=timezone.now())

@@ -10,7 +10,7 @@ from tests.desk.conftest import csrf_client, csrf_token_of, staff_user
 
 pytestmark = pytest.mark.django_db
 
-FAULTS = reverse("admin:tools_app_toolcall_demo_faults")
+FAULTS = reverse("admin:demo_simfault_arm")
 
 
 def test_without_demo_mode_there_are_no_demo_buttons_and_the_view_is_gone(operator):

@@ -14,7 +14,7 @@ from django.test import override_settings
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunStatus, WaitReason
 from engine.actions.messages import message_post
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.engine.conftest import demo_world, procs  # noqa: F401 - the same real-process fixtures
 from tests.factories import TEST_PASSWORD, UserFactory
 from tests.support.processes import ROOT, wait_for
@@ -34,7 +34,7 @@ def desk_operator(transactional_db):
 def refund_waiting_for_approval() -> tuple[Run, Approval]:
     """A customer asks for the refund; returns once the run is suspended on the operator."""
     customer = UserFactory(username="alice")
-    session = session_create(owner=customer, title="refund 9527")
+    session = session_open(owner=customer, title="refund 9527")
     run = message_post(session=session, content=REFUND_REQUEST, acting_user=customer).run
     wait_for(
         lambda: Run.objects.filter(pk=run.pk).exclude(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists(),

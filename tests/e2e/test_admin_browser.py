@@ -17,7 +17,7 @@ from runs_app.models import Run, RunStatus
 from tests.e2e.conftest import refund_waiting_for_approval, run_finished
 from tests.factories import TEST_PASSWORD
 from tests.support.processes import ROOT, wait_for
-from tools_app.demo.selectors import sim_refund_count
+from demo.selectors import sim_refund_count
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 

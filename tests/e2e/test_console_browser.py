@@ -14,9 +14,9 @@ from django.test import override_settings
 
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunStatus
-from runs_app.providers.scripted import HELP_TEXT
+from demo.model import HELP_TEXT
 from sessions_app.models import Message, MessageRole
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.e2e.conftest import REFUND_REQUEST
 from tests.factories import TEST_PASSWORD, UserFactory
 from tests.support.processes import ROOT
@@ -246,7 +246,7 @@ def test_a_user_cannot_open_another_users_session(console_server, browser):
     procs.start_web()
     alice = UserFactory(username="alice-owner")
     UserFactory(username="mallory")
-    private = session_create(owner=alice, title="alice's refunds")
+    private = session_open(owner=alice, title="alice's refunds")
 
     page = console_login(browser, procs.base_url, "mallory")
     response = page.goto(f"/console/sessions/{private.pk}/")

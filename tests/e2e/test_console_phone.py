@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 import pytest
 
 from approvals_app.models import Approval, ApprovalStatus
-from runs_app.models import Run, RunStatus
+from runs_app.models import Run
 from sessions_app.models import Message, MessageRole
 from tests.e2e.conftest import browser_page, login, screenshot, scrolls_sideways
 from tests.factories import UserFactory

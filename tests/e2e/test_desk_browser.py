@@ -10,11 +10,11 @@ from django.contrib.auth.models import Permission
 from approvals_app.models import Approval, ApprovalStatus, AuditEntry
 from engine.actions.messages import message_post
 from runs_app.models import Run, RunOutcome, RunStatus, WaitReason
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.e2e.conftest import browser_page, inside_viewport_horizontally, login, screenshot, scrolls_sideways
 from tests.factories import UserFactory
 from tests.support.processes import wait_for
-from tools_app.demo.selectors import sim_refund_count
+from demo.selectors import sim_refund_count
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -29,7 +29,7 @@ def refunds_waiting(customer, orders: list[str]) -> list[Run]:
     for its operator."""
     runs = []
     for order in orders:
-        session = session_create(owner=customer, title=f"Refund for order {order}")
+        session = session_open(owner=customer, title=f"Refund for order {order}")
         runs.append(message_post(session=session, content=f"Check order {order} and refund it if it's eligible",
                                  acting_user=customer).run)
     wait_for(lambda: Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.WAITING,

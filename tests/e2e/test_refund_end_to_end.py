@@ -9,8 +9,8 @@ from runs_app.models import Run, RunEvent, RunStatus
 from sessions_app.models import MessageRole
 from tests.e2e.conftest import AdminOverHttp, refund_waiting_for_approval, run_finished
 from tests.support.processes import wait_for
-from tools_app.demo.selectors import sim_refund_count
-from tools_app.demo.services import sim_fault_set
+from demo.selectors import sim_refund_count
+from demo.services import sim_fault_set
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]

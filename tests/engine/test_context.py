@@ -6,14 +6,15 @@ from django.db import transaction
 
 from engine.context import context_build, manifest_covers, seq_ranges
 from sessions_app.models import Message, MessageRole
-from sessions_app.services import messages_append, session_create
+from sessions_app.services import messages_append
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
 
 def _session_with(count: int):
-    session = session_create(owner=UserFactory(), title="history")
+    session = session_open(owner=UserFactory(), title="history")
     with transaction.atomic():
         messages_append(session_id=session.pk, messages=[
             Message(role=MessageRole.USER if i % 2 == 0 else MessageRole.ASSISTANT, content=f"message number {i}")

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from engine.actions.retention import sessions_erase
 from engine.actions.runs import run_end
-from runs_app.models import NotificationKind, Run, RunErrorCode, RunStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from runs_app.models import Run, RunErrorCode, RunStatus
 from sessions_app.models import IdempotencyRecord, Session
 from tests.factories import RunFactory, SessionFactory, UserFactory
 

@@ -15,7 +15,8 @@ from django.db import IntegrityError, connection, transaction
 from approvals_app.models import AuditEntry
 from runs_app.models import ContextSummary, Run, RunStatus, Step, StepKind, WaitReason
 from sessions_app.models import Message, MessageRole, PendingInput, Session
-from sessions_app.services import messages_append, session_create
+from sessions_app.services import messages_append
+from engine.actions.sessions import session_open
 from tests.factories import ApiKeyFactory, UserFactory
 from tests.support.processes import ROOT, wait_for
 from tests.support.processes import test_database_url as database_url_of_the_tests
@@ -38,7 +39,7 @@ def test_a_300_message_session_keeps_working_within_its_window(procs, demo_world
     procs.start_web()
     procs.start_workers(workers=1)
     user = UserFactory(username="chatty")
-    session = session_create(owner=user, title="long")
+    session = session_open(owner=user, title="long")
     with transaction.atomic():
         messages_append(session_id=session.pk, messages=[
             Message(role=MessageRole.USER if n % 2 == 0 else MessageRole.ASSISTANT,

@@ -7,14 +7,15 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from engine.lease import Heartbeat, run_claim
+from engine.lease import Heartbeat
+from engine.state import run_claim
 from engine.sweeper import sweep_once
 from runs_app.models import Run, RunEvent, RunStatus
-from runs_app.services import run_write
+from engine.state import run_write
 from runs_app.transitions import LeaseLost
 from tests.factories import RunFactory, StepFactory, ToolCallFactory
 from tools_app.models import ToolCall, ToolCallStatus
-from tools_app.services import tool_call_transition
+from engine.state import tool_call_transition
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,7 @@ from django.db import connection
 
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus, WaitReason
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import ApiKeyFactory, UserFactory
 from tests.support.processes import wait_for
 
@@ -57,7 +57,7 @@ class Customer:
 
     def __init__(self, base_url: str, index: int):
         self.user = UserFactory(username=f"burst{index}")
-        self.session = session_create(owner=self.user, title=f"bursts {index}")
+        self.session = session_open(owner=self.user, title=f"bursts {index}")
         self.path = f"/api/v1/sessions/{self.session.pk}/messages"
         self.http = httpx.Client(base_url=base_url, timeout=60, trust_env=False,
                                  headers={"Authorization": f"Bearer {ApiKeyFactory(owner=self.user).secret}"})

@@ -19,7 +19,7 @@ from engine.actions.approvals import approval_decide
 from engine.actions.messages import message_post
 from engine.broker import LISTENER_APPLICATION_NAME, DoorbellBroker
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 from tests.support.processes import wait_for
 
@@ -125,7 +125,7 @@ def test_a_killed_listener_reconnects_and_still_delivers(broker, caplog):
 
 def _post(text: str) -> Run:
     user = UserFactory()
-    session = session_create(owner=user, title="doorbell")
+    session = session_open(owner=user, title="doorbell")
     return message_post(session=session, content=text, acting_user=user).run
 
 

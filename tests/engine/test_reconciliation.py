@@ -42,7 +42,7 @@ def test_not_found_after_the_grace_period_resolves_to_not_applied(unknown_refund
 def test_a_booked_refund_is_found_by_its_key_at_once(unknown_refund):
     from decimal import Decimal
 
-    from tools_app.demo.services import sim_refund_book
+    from demo.services import sim_refund_book
 
     sim_refund_book(order_id="9527", amount=Decimal("25.00"), reason="customer request", idempotency_key="execute_refund:test-key")
     assert tool_call_reconcile_auto(tool_call=unknown_refund) == "resolved"

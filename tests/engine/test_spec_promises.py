@@ -14,12 +14,12 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalStatus
 from engine.sweeper import sweep_once
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
-from runs_app.providers import scripted
+from demo import model as demo_model
 from sessions_app.models import Message, MessageRole
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import ApiKeyFactory, UserFactory
 from tests.support.processes import wait_for
-from tools_app.demo.selectors import sim_refund_count
+from demo.selectors import sim_refund_count
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -108,7 +108,7 @@ def test_a_question_nobody_answers_expires_and_the_run_ends_cleanly(procs, demo_
 
     question = ToolCall.objects.get(run_id=run_id, tool_name="ask_user")
     assert question.status == ToolCallStatus.FAILED and question.error_code == "input_expired"
-    assert Message.objects.filter(run_id=run_id, role=MessageRole.ASSISTANT, content=scripted.NO_ANSWER_TEXT).exists()
+    assert Message.objects.filter(run_id=run_id, role=MessageRole.ASSISTANT, content=demo_model.NO_ANSWER_TEXT).exists()
     assert (RunStatus.WAITING, WaitReason.WAITING_INPUT) in _statuses(run_id)
 
 
@@ -130,12 +130,12 @@ def test_an_addition_made_while_the_run_works_is_answered_with_the_request(procs
 
 
 def test_a_tools_declared_timeout_is_enforced(procs, demo_world):
-    procs.base_env["WARDEN_TOOL_MODULES"] = "tools_app.demo.tools,tests.support.slow_tools"
+    procs.base_env["WARDEN_TOOL_MODULES"] = "demo.tools,tests.support.slow_tools"
     procs.start_web()
     procs.start_workers(workers=1)
     procs.start_sweeper()
     user = UserFactory(username="patient")
-    session = session_create(owner=user, title="slow tools")
+    session = session_open(owner=user, title="slow tools")
     from engine.actions.messages import message_post
 
     turns = [{"calls": [{"name": "slow_lookup", "arguments": {"key": "a"}}]},
@@ -185,7 +185,7 @@ def test_a_failed_run_is_retried_from_its_checkpoint_without_repeating_the_refun
     procs.start_web()
     procs.start_workers(workers=1)
     customer = UserFactory(username="retrier")
-    session = session_create(owner=customer, title="refund")
+    session = session_open(owner=customer, title="refund")
     from engine.actions.messages import message_post
 
     refund = {"order_id": "9527", "amount": "25.00", "reason": "customer request"}

@@ -1,4 +1,4 @@
-"""The hot path's one-statement step commits (engine/step_commit.py), against PostgreSQL.
+"""The hot path's one-statement step commits (engine/state/fast.py), against PostgreSQL.
 
 They must write exactly what the general path writes, be taken on the hot path, and write
 nothing at all when their fence or any status check misses — a lease lost mid-step, input
@@ -11,16 +11,18 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from engine import step_commit
+from engine import state
 from engine.actions.messages import message_post
 from engine.context import manifest_covers
 from engine.loop import run_drive
-from runs_app.models import Agent, NotificationKind, Run, RunEvent, RunStatus, Step, WebhookDelivery, WebhookEndpoint
+from agents.models import Agent
+from notifications.models import NotificationKind, WebhookDelivery, WebhookEndpoint
+from runs_app.models import Run, RunEvent, RunStatus, Step
 from sessions_app.models import InputMode, Message, Session
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 from tools_app import registry
-from tools_app.demo.agent import DEMO_AGENT_SLUG
+from demo.agent import DEMO_AGENT_SLUG
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +32,7 @@ ONE_STATEMENT = "warden_fence_check("
 
 def start(text: str, user=None) -> Run:
     user = user or UserFactory()
-    session = session_create(owner=user, title="t")
+    session = session_open(owner=user, title="t")
     return message_post(session=session, content=text, acting_user=user, provider_options={"delay": 0}).run
 
 
@@ -68,10 +70,11 @@ def written(run: Run) -> dict:
 
 
 def general_path_only(monkeypatch):
-    monkeypatch.setattr(step_commit, "reads_finished", lambda **kwargs: False)
-    monkeypatch.setattr(step_commit, "turn_with_reads", lambda **kwargs: False)
-    monkeypatch.setattr(step_commit, "turn_answered", lambda **kwargs: False)
-    monkeypatch.setattr(step_commit, "model_step_opened", lambda **kwargs: None)
+    """The engine as if the one-statement commits never took (each answers "not taken")."""
+    monkeypatch.setattr(state, "reads_finished", lambda **kwargs: None)
+    monkeypatch.setattr(state, "turn_with_reads", lambda **kwargs: None)
+    monkeypatch.setattr(state, "turn_answered", lambda **kwargs: False)
+    monkeypatch.setattr(state, "model_step_opened", lambda **kwargs: None)
 
 
 def hook_noop(monkeypatch, during):
@@ -245,7 +248,7 @@ def test_an_answer_after_a_write_ends_through_run_end_with_the_writes_outcome(si
     """The statement knows only the outcome of a run that asked for no write (`none`)."""
     call_command("demo_setup", verbosity=0)  # the demo agent: a refund of 4.50 needs no approval (DEMO.md)
     user = UserFactory()
-    session = session_create(owner=user, title="t", agent=Agent.objects.get(slug=DEMO_AGENT_SLUG))
+    session = session_open(owner=user, title="t", agent=Agent.objects.get(slug=DEMO_AGENT_SLUG))
     run = message_post(session=session, content="Check order 9541 and refund it if it's eligible", acting_user=user,
                        provider_options={"delay": 0}).run
     run, _ = drive(run)

@@ -17,7 +17,8 @@ from engine.sweeper import sweep_once
 from runs_app.models import ContextSummary, Run, RunErrorCode, RunEvent, RunStatus, Step, StepStatus, WaitReason
 from engine.actions.messages import message_post
 from sessions_app.models import Message, MessageRole
-from sessions_app.services import messages_append, session_create
+from sessions_app.services import messages_append
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
@@ -32,7 +33,7 @@ def sim(simulator, demo_world):
 
 def start(text: str, faults=None, budgets=None) -> Run:
     user = UserFactory()
-    session = session_create(owner=user, title="t")
+    session = session_open(owner=user, title="t")
     options = {"delay": 0}
     if faults is not None:
         options["faults"] = faults
@@ -79,7 +80,7 @@ def test_a_malformed_turn_is_discarded_and_asked_again(sim, fault, reason):
 
 @pytest.mark.parametrize("fault", ["truncated_args", "invalid_json", "schema_invalid", "length"])
 def test_a_malformed_refund_call_never_reaches_the_payment_service(sim, fault):
-    from tools_app.demo.selectors import sim_refund_count
+    from demo.selectors import sim_refund_count
 
     run = drive(start("Check order 9527 and refund it if it's eligible", faults=[None, fault]))
     assert (run.status, run.wait_reason) == (RunStatus.WAITING, WaitReason.APPROVAL)
@@ -97,7 +98,7 @@ def test_output_that_stays_malformed_fails_the_run_with_a_clear_code(sim):
 
 
 def test_text_claiming_approval_does_not_bypass_the_approval(sim):
-    from tools_app.demo.selectors import sim_refund_count
+    from demo.selectors import sim_refund_count
 
     run = drive(start("Check order 9527 and refund it if it's eligible", faults=[None, "claims_approval"]))
     assert (run.status, run.wait_reason) == (RunStatus.WAITING, WaitReason.APPROVAL)
@@ -156,7 +157,7 @@ def test_tool_results_enter_history_as_tool_messages(sim):
 
 
 def test_a_failing_read_is_retried_and_its_attempts_counted(sim):
-    from tools_app.demo.services import sim_fault_set
+    from demo.services import sim_fault_set
 
     sim_fault_set(target="weather", mode="error_before_booking", count=1)
     run = drive(start("What's the weather in Paris?"))
@@ -168,7 +169,7 @@ def test_a_failing_read_is_retried_and_its_attempts_counted(sim):
 def test_the_same_refund_requested_twice_in_one_turn_is_booked_once(sim):
     from engine.actions.approvals import approval_decide
     from tests.factories import UserFactory as Users
-    from tools_app.demo.selectors import sim_refund_count
+    from demo.selectors import sim_refund_count
 
     run = drive(start("Check order 9527 and refund it if it's eligible", faults=[None, "duplicate_refund"]))
     first, second = ToolCall.objects.filter(run=run, tool_name="execute_refund").order_by("index")
@@ -247,7 +248,7 @@ def flaky_summaries(sim, settings):
 
 def _long_session_run(text: str) -> Run:
     user = UserFactory()
-    session = session_create(owner=user, title="long")
+    session = session_open(owner=user, title="long")
     with transaction.atomic():
         messages_append(session_id=session.pk, messages=[
             Message(role=MessageRole.USER if n % 2 == 0 else MessageRole.ASSISTANT,

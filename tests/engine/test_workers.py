@@ -10,7 +10,7 @@ from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunEvent, RunStatus, Step, WaitReason
 from sessions_app.models import MessageRole
 from engine.actions.messages import message_post
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 from tests.support.processes import wait_for
 from tools_app.models import ToolCall, ToolCallStatus
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 def _post(text: str, **kwargs):
     user = UserFactory()
-    session = session_create(owner=user, title="test")
+    session = session_open(owner=user, title="test")
     return message_post(session=session, content=text, acting_user=user, **kwargs).run
 
 
@@ -57,7 +57,7 @@ def test_weather_question_completes_through_real_workers(procs, demo_world):
 
 
 def test_refund_request_stops_at_operator_approval(procs, demo_world):
-    from tools_app.demo.selectors import sim_refund_count
+    from demo.selectors import sim_refund_count
 
     procs.start_web()
     procs.start_workers(workers=2)

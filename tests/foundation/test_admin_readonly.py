@@ -10,9 +10,8 @@ from tests.factories import ApprovalFactory, MessageFactory, RunEventFactory, Se
 
 pytestmark = pytest.mark.django_db
 
-APP_MODELS = [
-    m for m in admin.site._registry if m._meta.app_label in {"sessions_app", "runs_app", "tools_app", "approvals_app"}
-]
+DOMAIN_APPS = ("runs_app", "tools_app", "agents", "sessions_app", "approvals_app", "notifications", "operations")
+APP_MODELS = [m for m in admin.site._registry if m._meta.app_label in DOMAIN_APPS]
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ def superuser_client(client):
 def test_every_model_is_registered():
     from django.apps import apps
 
-    for app in ("sessions_app", "runs_app", "tools_app", "approvals_app"):
+    for app in DOMAIN_APPS:
         for model in apps.get_app_config(app).get_models():
             assert model in admin.site._registry, model
 

@@ -7,7 +7,7 @@ from django.db import connection
 from django.utils import timezone
 
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus
-from runs_app.services import run_transition
+from engine.state import run_transition
 from tests.factories import RunFactory
 
 

@@ -7,7 +7,7 @@ from django.db import transaction
 
 from runs_app.events import RunEventType
 from runs_app.models import RunEvent
-from runs_app.services import run_write
+from engine.state import run_write
 from tests.factories import RunFactory
 from tests.support.event_contract import documented, undocumented
 

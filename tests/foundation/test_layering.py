@@ -1,7 +1,7 @@
-"""The layering of docs/ARCHITECTURE.md holds: the import-linter contracts in pyproject.toml are
-kept, they bite (a forbidden import is caught), every module sits in exactly one layer, no
-project module takes part in an import cycle, and function-local imports are rare and
-explained."""
+"""The floor plan of docs/ARCHITECTURE.md holds: the import-linter contracts in pyproject.toml are
+kept and they bite (a forbidden import is caught); every top-level folder of the project is one
+layer, and drawn by folder every arrow runs down; no project module takes part in an import cycle;
+function-local imports are rare and explained."""
 
 import ast
 import copy
@@ -13,8 +13,6 @@ from pathlib import Path
 
 import grimp
 import pytest
-from importlinter.domain.helpers import module_expressions_to_modules
-from importlinter.domain.imports import ModuleExpression
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
@@ -29,12 +27,6 @@ def graph():
     return grimp.build_graph(*ROOTS, cache_dir=None)
 
 
-def _modules(graph, expressions) -> set[str]:
-    """Every module an expression list names, with the descendants of the packages it names."""
-    named = {m.name for m in module_expressions_to_modules(graph, [ModuleExpression(e) for e in expressions])}
-    return {m for m in graph.modules if any(m == n or m.startswith(n + ".") for n in named)}
-
-
 # Checking contracts against an altered graph runs in a clean interpreter: in the test process
 # Django has imported Twisted (daphne), whose zope.interface declarations trip import-linter's
 # introspection of its contract classes.
@@ -43,14 +35,16 @@ import copy, json, sys, tomllib
 import grimp
 from importlinter.configuration import configure
 from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
-from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.layers import LayersContract
+from importlinter.contracts.protected import ProtectedContract
 configure()
 config = tomllib.load(open("pyproject.toml", "rb"))["tool"]["importlinter"]
 contracts = {c["id"]: c for c in config["contracts"]}
 graph = grimp.build_graph(*config["root_packages"], cache_dir=None)
 def kept(contract_id, graph):
     options = {k: v for k, v in contracts[contract_id].items() if k not in ("id", "type", "name")}
-    cls = {"forbidden": ForbiddenContract, "acyclic_siblings": AcyclicSiblingsContract}[contracts[contract_id]["type"]]
+    cls = {"layers": LayersContract, "acyclic_siblings": AcyclicSiblingsContract,
+           "protected": ProtectedContract}[contracts[contract_id]["type"]]
     return cls(name=contract_id, session_options={"root_packages": config["root_packages"]},
                contract_options=options).check(graph, verbose=False).kept
 results = []
@@ -62,14 +56,20 @@ print(json.dumps(results))
 """
 
 FORBIDDEN_IMPORTS = [
-    ("runs_app.models", "engine.loop", "domain"),
-    ("tools_app.services", "engine.actions.approvals", "domain"),
-    ("sessions_app.access", "runs_app.api", "domain"),
-    ("tools_app.demo.tools", "sessions_app.console.views", "domain"),
-    ("engine.loop", "runs_app.admin", "orchestration"),
-    ("engine.actions.runs", "config.api", "orchestration"),
+    ("runs_app.models", "engine.loop", "layers"),  # the domain never imports orchestration
+    ("tools_app.services", "engine.actions.approvals", "layers"),
+    ("access.policy", "api.runs", "layers"),  # nor an interface
+    ("engine.loop", "desk.runs", "layers"),  # orchestration never imports an interface
+    ("engine.actions.runs", "api.v1", "layers"),
+    ("desk.runs", "demo.client", "layers"),  # nothing imports the demo world
+    ("api.runs", "console.views", "layers"),  # interfaces are independent of each other
+    ("runs_app.selectors", "sessions_app.models", "layers"),  # the domain's order
+    ("sessions_app.services", "agents.models", "layers"),
+    ("notifications.outbox", "access.policy", "layers"),  # independent domain packages
+    ("config.settings", "runs_app.models", "layers"),  # infrastructure imports no app
     ("engine.checkpoint", "engine.loop", "engine-dag"),
-    ("config.settings", "runs_app.models", "infrastructure"),
+    ("api.runs", "engine.state", "state"),  # only orchestration writes a run's state
+    ("desk.runs", "engine.state.runs", "state"),
 ]
 
 
@@ -88,21 +88,33 @@ def test_a_forbidden_import_breaks_its_contract():
         assert not after, f"adding {importer} → {imported} should break {contract_id}"
 
 
-def test_every_module_is_in_exactly_one_layer(graph):
-    forbidden = CONTRACTS["domain"]["forbidden_modules"]
-    layers = {
-        "domain": _modules(graph, CONTRACTS["domain"]["source_modules"]),
-        "orchestration": _modules(graph, ["engine"]),
-        "interfaces": _modules(graph, [m for m in forbidden if m != "engine"]),
-        "infrastructure": _modules(graph, CONTRACTS["infrastructure"]["source_modules"]),
-    }
-    packages = set(ROOTS) | {"tools_app.demo", "runs_app.migrations", "sessions_app.console"}
-    unplaced = sorted(m for m in graph.modules if m not in packages and not any(m in members for members in layers.values()))
-    assert unplaced == [], f"modules in no layer (name them in pyproject.toml's contracts): {unplaced}"
-    for first, members in layers.items():
-        for second, others in layers.items():
-            if first < second:
-                assert not members & others, f"in both {first} and {second}: {sorted(members & others)}"
+def _layer_of() -> dict[str, int]:
+    """Each root package's level in the layers contract (0 at the top)."""
+    levels = {}
+    for level, entry in enumerate(CONTRACTS["layers"]["layers"]):
+        for package in entry.replace(":", "|").split("|"):
+            levels[package.strip()] = level
+    return levels
+
+
+def test_every_top_level_folder_of_the_project_is_one_layer():
+    levels = _layer_of()
+    assert sorted(levels) == sorted(ROOTS), "the layers contract names every root package, once"
+    folders = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    assert folders == set(ROOTS), f"a Python package at the top that is in no layer: {sorted(folders - set(ROOTS))}"
+
+
+def test_drawn_by_folder_every_arrow_runs_down(graph):
+    """The folder graph: an arrow from folder A to folder B for every import between their modules.
+    Each runs to a lower layer — never up, never sideways between independent layers — so no two
+    domain apps import each other in both directions."""
+    levels = _layer_of()
+    arrows = {(m.split(".")[0], imported.split(".")[0]) for m in graph.modules
+              for imported in graph.find_modules_directly_imported_by(m)}
+    arrows = {(a, b) for a, b in arrows if a != b}
+    wrong = sorted((a, b) for a, b in arrows if levels[a] >= levels[b])
+    assert wrong == [], f"arrows that do not run down: {wrong}"
+    assert not {(b, a) for a, b in arrows} & arrows
 
 
 def _cycles(graph) -> list[list[str]]:

@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, WaitReason
-from runs_app.services import run_create, run_transition
+from engine.state import run_create, run_transition
 from runs_app.transitions import RUN_TRANSITIONS, IllegalTransition, LeaseLost
 from tests.factories import RunFactory, SessionFactory
 

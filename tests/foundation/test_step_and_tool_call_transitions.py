@@ -11,11 +11,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepStatus
-from runs_app.services import run_write, step_transition
+from engine.state import run_transition, run_write, step_transition
 from runs_app.transitions import STEP_TRANSITIONS, IllegalTransition, LeaseLost
 from tests.factories import RunFactory, StepFactory, ToolCallFactory
 from tools_app.models import FINAL_TOOL_CALL_STATUSES, ToolCall, ToolCallStatus, ToolEffect
-from tools_app.services import tool_call_transition
+from engine.state import tool_call_transition
 from tools_app.transitions import TOOL_CALL_TRANSITIONS
 
 pytestmark = pytest.mark.django_db
@@ -175,9 +175,9 @@ def test_a_revocation_committed_meanwhile_rolls_the_lease_holders_commit_back():
         try:
             moved.wait(timeout=30)
             with transaction.atomic():
-                run_write(run_id=call.run_id, changes={"status": RunStatus.QUEUED, "phase": RunPhase.WAITING_WORKER,
-                                                       "lease_owner": "", "lease_expires_at": None},
-                          new_lease_token=True)
+                # As the sweeper revokes an expired lease: back to the queue, with a new token.
+                assert run_transition(run=Run.objects.get(pk=call.run_id), to=RunStatus.QUEUED, lease_token=7,
+                                      new_lease_token=True)
             revoked.set()
         finally:
             connection.close()

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from django.utils import timezone
 
-from runs_app.liveness import heartbeat_write
-from runs_app.models import ProcessHeartbeat, ProcessRole
+from operations.liveness import heartbeat_write
+from operations.models import ProcessHeartbeat, ProcessRole
 from tests.operations.conftest import FAST
 from tests.support.processes import ROOT, ProcessGroup, wait_for
 

@@ -17,14 +17,15 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalStatus
 from engine.actions.approvals import approval_decide
 from engine.actions.messages import message_post
-from runs_app.models import ProcessHeartbeat, ProcessRole, Run, RunEvent, RunStatus, Step, WaitReason
+from operations.models import ProcessRole
+from runs_app.models import Run, RunEvent, RunStatus, Step, WaitReason
 from sessions_app.api_keys import api_key_create
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.console.helpers import ConsoleSocket, open_socket
 from tests.factories import ToolCallFactory, UserFactory
 from tests.operations.conftest import samples, value
 from tests.support.processes import wait_for
-from tools_app.demo.services import sim_fault_set
+from demo.services import sim_fault_set
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +42,7 @@ def _status(run_id) -> str:
 
 
 def _post(user, text: str, **kwargs) -> Run:
-    session = session_create(owner=user, title=text[:40])
+    session = session_open(owner=user, title=text[:40])
     return message_post(session=session, content=text, acting_user=user, **kwargs).run
 
 
@@ -53,8 +54,8 @@ def _seconds(delta) -> float:
 def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, operator):
     from django_q.models import Task
 
-    from runs_app.liveness import heartbeat_thread_stop
-    from runs_app.models import ProcessHeartbeat
+    from operations.liveness import heartbeat_thread_stop
+    from operations.models import ProcessHeartbeat
 
     # Only the scenario's processes report: earlier tests drove runs in this process, and its
     # heartbeat (started when a test imported the ASGI application) would add their counts.
@@ -192,7 +193,7 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
 
 
 def test_unknown_writes_and_their_age_are_reported(db, settings):
-    from runs_app.metrics import read_families
+    from operations.metrics import read_families
 
     settings.WARDEN_METRICS_CACHE_SECONDS = 0
     call = ToolCallFactory(tool_name="execute_refund", effect="write", status=ToolCallStatus.UNKNOWN,

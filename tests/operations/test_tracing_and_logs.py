@@ -14,7 +14,7 @@ from config.tracing import tracing_reset, tracing_setup
 from engine.actions.messages import message_post
 from engine.loop import run_drive
 from runs_app.models import Run, RunStatus, Step
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 from tests.support.processes import LOG_DIR, wait_for
 from tools_app.models import ToolCall
@@ -38,7 +38,7 @@ def test_a_runs_spans_nest_model_and_tool_calls_under_its_time_slice(procs, demo
     procs.start_web()  # the simulated services the weather tool calls over HTTP
     settings.WARDEN_SIM_BASE_URL = f"{procs.base_url}/sim"
     user = UserFactory()
-    session = session_create(owner=user, title="tracing")
+    session = session_open(owner=user, title="tracing")
     run = message_post(session=session, content="What's the weather in Paris?", acting_user=user,
                        provider_options={"delay": 0}).run
     assert run_drive(run_id=str(run.id)) == "completed"
@@ -78,7 +78,7 @@ def test_a_workers_log_lines_are_json_and_carry_the_run(procs, demo_world):
     procs.start_web()
     procs.start_workers(env={"WARDEN_LOG_FORMAT": "json"})
     user = UserFactory()
-    session = session_create(owner=user, title="logs")
+    session = session_open(owner=user, title="logs")
     run = message_post(session=session, content="What's the weather in Paris?", acting_user=user).run
     wait_for(lambda: Run.objects.filter(pk=run.pk, status=RunStatus.COMPLETED).exists(), timeout=90, message="the run to complete")
     log = LOG_DIR / f"{procs.name}-workers.log"

@@ -21,18 +21,9 @@ from django.utils import timezone
 from engine.actions.reconciliation import RECONCILE_MAX_AUTO_ATTEMPTS, tool_call_reconcile_auto
 from engine.actions.runs import run_end
 from engine.sweeper import sweep_once
-from runs_app.models import (
-    DeliveryStatus,
-    NotificationKind,
-    Run,
-    RunErrorCode,
-    RunEvent,
-    RunStatus,
-    WebhookAttempt,
-    WebhookDelivery,
-    WebhookEndpoint,
-)
-from runs_app.notifications import webhook_signature
+from notifications.models import DeliveryStatus, NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus
+from notifications.outbox import webhook_signature
 from tests.factories import ApprovalFactory, RunFactory, ToolCallFactory
 from tests.support.processes import free_port, wait_for
 from tools_app.models import ToolCallStatus, ToolEffect

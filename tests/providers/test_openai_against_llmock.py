@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from engine.actions.messages import message_post
 from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepKind, StepStatus
-from sessions_app.services import session_create
+from engine.actions.sessions import session_open
 from tests.factories import UserFactory
 from tests.support.processes import free_port, wait_for
 
@@ -56,7 +56,7 @@ def _start(procs, llmock, *, budgets=None, options=None, **env) -> Run:
     procs.start_workers(workers=1)
     procs.start_sweeper()
     user = UserFactory(username="llm-user")
-    session = session_create(owner=user, title="llmock")
+    session = session_open(owner=user, title="llmock")
     with override_settings(WARDEN_MODEL_PROVIDER="openai"):
         return message_post(session=session, content="Say hello", acting_user=user, budgets=budgets,
                             provider_options=options or {}).run

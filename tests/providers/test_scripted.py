@@ -1,4 +1,5 @@
-"""The scripted model: the demo world's rules, stream shape, faults and input classification."""
+"""The scripted model (runs_app/providers/scripted.py) as the demo world's model (demo/model.py): the
+demo world's rules, stream shape, faults and input classification."""
 
 import json
 import subprocess
@@ -21,7 +22,8 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
-from runs_app.providers.scripted import ScriptedProvider
+from demo import model as demo_model
+from demo.model import DemoModel
 
 ELIGIBLE_ORDER = {
     "order_id": "9527",
@@ -87,7 +89,7 @@ class Conversation:
         )
 
     def turn(self) -> Turn:
-        events = list(ScriptedProvider().stream(self.request()))
+        events = list(DemoModel().stream(self.request()))
         self.call_index += 1
         return Turn(events)
 
@@ -212,7 +214,7 @@ def test_an_unanswered_question_is_wrapped_up_politely():
     answer = conversation.turn()
 
     assert answer.calls == [] and answer.finish == "stop"
-    assert answer.text == scripted.NO_ANSWER_TEXT
+    assert answer.text == demo_model.NO_ANSWER_TEXT
 
 
 def test_order_number_supplied_in_a_later_message_completes_the_request():
@@ -266,7 +268,7 @@ def test_finished_answer_closes_the_previous_request():
     answer = conversation.turn()
 
     assert answer.calls == []
-    assert answer.text == scripted.HELP_TEXT
+    assert answer.text == demo_model.HELP_TEXT
 
 
 def test_checking_an_order_summarises_status_and_amount():
@@ -334,7 +336,7 @@ def test_anything_else_gets_a_short_explanation_of_what_it_can_do():
     answer = Conversation("tell me a joke").turn()
 
     assert answer.calls == []
-    assert answer.text == scripted.HELP_TEXT
+    assert answer.text == demo_model.HELP_TEXT
     assert answer.finish == "stop"
 
 
@@ -401,7 +403,7 @@ def test_delay_option_pauses_between_chunks(sleeps):
 def test_delay_defaults_to_the_setting(sleeps):
     request = ModelRequest(messages=[{"role": "user", "content": "tell me a joke"}])
 
-    list(ScriptedProvider().stream(request))
+    list(DemoModel().stream(request))
 
     assert sleeps and set(sleeps) == {settings.WARDEN_SCRIPTED_DELAY_SECONDS}
 
@@ -504,7 +506,7 @@ def test_claims_approval_adds_a_false_claim_to_text_and_arguments():
     ],
 )
 def test_error_faults_raise_before_any_event(fault, error_class, status):
-    stream = ScriptedProvider().stream(Conversation("refund order 9527", faults=[fault]).request())
+    stream = DemoModel().stream(Conversation("refund order 9527", faults=[fault]).request())
 
     with pytest.raises(error_class) as raised:
         next(stream)
@@ -522,7 +524,7 @@ def test_rate_limit_carries_a_retry_after():
 def test_disconnect_drops_the_stream_after_some_text():
     received = []
     with pytest.raises(TransientModelError):
-        for event in ScriptedProvider().stream(Conversation("tell me a joke", faults=["disconnect"]).request()):
+        for event in DemoModel().stream(Conversation("tell me a joke", faults=["disconnect"]).request()):
             received.append(event)
 
     assert len(received) == 2 and all(isinstance(event, TextDelta) for event in received)
@@ -583,7 +585,7 @@ REFUND_HISTORY = [{"role": "user", "content": "refund order 9527"}]
     ],
 )
 def test_switch_phrases_and_other_topics_are_new_intents(text, reason_part):
-    classification = ScriptedProvider().classify_input(history=REFUND_HISTORY, text=text)
+    classification = DemoModel().classify_input(history=REFUND_HISTORY, text=text)
 
     assert classification.mode == "new_intent"
     assert reason_part in classification.reason
@@ -600,14 +602,14 @@ def test_switch_phrases_and_other_topics_are_new_intents(text, reason_part):
     ],
 )
 def test_details_and_additions_are_supplements(text, reason_part):
-    classification = ScriptedProvider().classify_input(history=REFUND_HISTORY, text=text)
+    classification = DemoModel().classify_input(history=REFUND_HISTORY, text=text)
 
     assert classification.mode == "supplement"
     assert reason_part in classification.reason
 
 
 def test_classification_is_deterministic():
-    provider = ScriptedProvider()
+    provider = DemoModel()
 
     first = provider.classify_input(history=REFUND_HISTORY, text="what's the weather?")
 

@@ -57,7 +57,7 @@ def test_warden_refuses_to_start_on_the_development_key_and_says_what_to_set():
     assert refused.returncode != 0
     assert "Set SECRET_KEY to a long random value" in refused.stderr, refused.stderr[-2000:]
     server = subprocess.run(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(free_port()), "config.asgi:application"],
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(free_port()), "server.asgi:application"],
         cwd=ROOT, env=bare_environment(), capture_output=True, text=True, timeout=120,
     )
     assert server.returncode != 0 and "Set SECRET_KEY" in server.stderr, server.stderr[-2000:]
@@ -112,9 +112,9 @@ def test_every_page_carries_the_content_security_policy(alice_world):
 def alice_world(db):
     from django.contrib.auth.models import Permission
 
-    from sessions_app.services import session_create
+    from engine.actions.sessions import session_open
 
     user = UserFactory(username="alice")
     staff = UserFactory(username="operator", is_staff=True)
     staff.user_permissions.add(*Permission.objects.filter(codename__in=["view_run", "view_approval", "decide_approval"]))
-    return user, session_create(owner=user, title="refunds"), staff
+    return user, session_open(owner=user, title="refunds"), staff

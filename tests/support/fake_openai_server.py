@@ -43,7 +43,8 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
-from runs_app.providers.scripted import ScriptedProvider, classify_input_by_rules
+from demo.model import DemoModel
+from runs_app.providers.rules import classify_input_by_rules
 
 COMPLETIONS_PATH = "/v1/chat/completions"
 _DROP = object()  # in a chunk sequence: close the socket here, without [DONE]
@@ -234,7 +235,7 @@ class FakeOpenAIServer:
     def _scripted_chunks(self, body: dict, writer: "_ResponseWriter") -> Iterator:
         usage = None
         try:
-            for event in ScriptedProvider().stream(self._scripted_request(body)):
+            for event in DemoModel().stream(self._scripted_request(body)):
                 if isinstance(event, TextDelta):
                     yield writer.chunk({"content": event.text})
                 elif isinstance(event, ToolCallDelta):
@@ -259,7 +260,7 @@ class FakeOpenAIServer:
             return writer.json(200, writer.completion({"role": "assistant", "content": content}, "stop", None))
         text, calls, finish, usage = [], {}, None, None
         try:
-            for event in ScriptedProvider().stream(self._scripted_request(body)):
+            for event in DemoModel().stream(self._scripted_request(body)):
                 if isinstance(event, TextDelta):
                     text.append(event.text)
                 elif isinstance(event, ToolCallDelta):

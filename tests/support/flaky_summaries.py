@@ -3,12 +3,12 @@ as a deployment adds a vendor. It streams like the scripted model; its `summariz
 errors queued in SUMMARY_FAULTS first ("transient" → 503, "permanent" → 400)."""
 
 from runs_app.providers.base import PermanentModelError, TransientModelError
-from runs_app.providers.scripted import ScriptedProvider
+from demo.model import DemoModel
 
 SUMMARY_FAULTS: list[str] = []
 
 
-class FlakySummaryProvider(ScriptedProvider):
+class FlakySummaryProvider(DemoModel):
     def summarize(self, *, previous, messages, max_tokens):
         if SUMMARY_FAULTS:
             fault = SUMMARY_FAULTS.pop(0)

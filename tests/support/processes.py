@@ -35,6 +35,14 @@ def test_database_url() -> str:
     return f"postgresql://{quote(s.get('USER') or 'postgres')}{password}@{host}{port}/{s['NAME']}"
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_for(predicate, *, timeout: float = 60.0, interval: float = 0.1, message: str = "condition"):
     """Poll until `predicate()` is truthy. The timeout only bounds a hung test; nothing here
     asserts how long anything took."""
@@ -91,14 +99,14 @@ class ProcessGroup:
 
     def start_web(self, *, simulator: bool = True) -> subprocess.Popen:
         """The web server; with it, as in `make run`, the simulated payment service the demo tools call."""
-        process = self.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"])
+        process = self.start("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "server.asgi:application"])
         if simulator:
             self.start_sim()
         wait_for(lambda: self._listening(self.port), timeout=60, message="the web server to accept connections")
         return process
 
     def start_sim(self) -> subprocess.Popen:
-        """The simulated payment service's own application (tools_app/demo/asgi.py) on its own port."""
+        """The simulated payment service's own application (demo/asgi.py) on its own port."""
         process = self.start("sim", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.sim_port), SIMULATOR_ASGI])
         wait_for(lambda: self._listening(self.sim_port), timeout=60, message="the simulated payment service to accept connections")
         return process
@@ -125,24 +133,27 @@ class ProcessGroup:
             pass
 
     def stop(self, label: str) -> None:
+        """Kill the process and its whole group at once (SIGKILL: a stopped process too). What a test
+        starts is disposable, and no assertion depends on a graceful stop — which, sent to a whole
+        django-q2 cluster group, can even deadlock its parent (a signalled sentinel dies while the
+        parent waits to notify it). A test of stopping uses `terminate`."""
         process = self.processes.pop(label, None)
         if process is None:
             return
-        for sig, grace in ((signal.SIGCONT, 0), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                break
-            if grace:
-                try:
-                    process.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
         try:
-            os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group (cluster children)
+            os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        process.wait()
+
+    def terminate(self, label: str, *, sig: int | None = None) -> int:
+        """Stop the process as an operator would (`sig`, default SIGTERM, to the group's leader only),
+        and wait until no process of its group is left; returns its exit status."""
+        process = self.processes.pop(label)
+        process.send_signal(sig or signal.SIGTERM)
+        status = process.wait()
+        wait_for(lambda: not _group_alive(process.pid), timeout=60, message=f"every process of {label} to end")
+        return status
 
     def stop_all(self) -> None:
         for label in list(self.processes):

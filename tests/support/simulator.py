@@ -1,5 +1,5 @@
 """The demo's simulated payment service on a server of its own, as in a deployment: never a
-route of the main application (tools_app/demo/asgi.py serves it in `make run`).
+route of the main application (demo/asgi.py serves it in `make run`).
 
 `InProcessSimulator` serves it from a thread of the test process (Django's threaded WSGI test
 server with the simulator's URLconf), for tests that drive the engine in-process; the process
@@ -11,8 +11,8 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer
 from django.test.testcases import QuietWSGIRequestHandler
 
-SIMULATOR_URLCONF = "tools_app.demo.urls"
-SIMULATOR_ASGI = "tools_app.demo.asgi:application"
+SIMULATOR_URLCONF = "demo.urls"
+SIMULATOR_ASGI = "demo.asgi:application"
 
 
 class _SimulatorWSGIHandler(WSGIHandler):

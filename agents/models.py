@@ -1,0 +1,67 @@
+"""A deployment's agents (docs/EXTENDING.md) and their immutable versions."""
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+
+
+class Agent(models.Model):
+    """A deployment's agent (docs/EXTENDING.md): what it is called, and which of its versions new
+    runs use. Its definition lives in its versions; saving one (admin or API,
+    engine.actions.agents.agent_save) makes a new version and points `current_version` at it."""
+
+    id = models.BigAutoField(primary_key=True)
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=100)
+    current_version = models.ForeignKey(
+        "AgentVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        # The table it has had since it lived in runs_app (migrations agents/0001, runs_app/0015).
+        db_table = "runs_app_agent"
+        ordering = ["name", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AgentVersion(models.Model):
+    """One immutable definition of an agent (agents.definitions says what may be in it): the
+    database refuses UPDATE and DELETE on this table (runs_app migration 0012), so a run's `agent_version`
+    says exactly what it ran with — instructions, tools, rules, provider and model."""
+
+    id = models.BigAutoField(primary_key=True)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    name = models.CharField(max_length=100)
+    instructions = models.TextField()
+    provider = models.CharField(max_length=32)
+    model = models.CharField(max_length=100, blank=True)
+    provider_options = models.JSONField(default=dict, blank=True)
+    # Tool names (the run-time's own ask_user is always offered besides).
+    tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
+    # Defaults and maxima of a run's budgets: {"max_model_calls", "max_tokens", "deadline_seconds"}.
+    budgets = models.JSONField(default=dict, blank=True)
+    budget_limits = models.JSONField(default=dict, blank=True)
+    # {"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", "approvers": N}, …]}
+    approval_rules = models.JSONField(default=dict, blank=True)
+    interjection_classifier = models.CharField(max_length=16, default="model")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "runs_app_agentversion"
+        ordering = ["agent", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "number"], name="agent_version_number_unique"),
+            models.CheckConstraint(condition=Q(number__gte=1), name="agent_version_number_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.number}"

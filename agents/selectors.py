@@ -1,0 +1,54 @@
+"""Reads about agents: the list to pick from, one by slug, the default for new sessions, and the
+version a run runs with (kept per process: versions never change)."""
+
+import functools
+import re
+
+from django.conf import settings
+
+from agents.models import Agent, AgentVersion
+
+AGENT_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+@functools.lru_cache(maxsize=512)
+def agent_version_get(version_id: int) -> AgentVersion:
+    """A version by id, kept per process: versions never change (the database refuses it), and a
+    worker reads its run's on every model call and tool call."""
+    return AgentVersion.objects.select_related("agent").get(pk=version_id)
+
+
+def run_agent_version(run) -> AgentVersion | None:
+    return agent_version_get(run.agent_version_id) if run.agent_version_id else None
+
+
+def run_offered_tools(run) -> list[str] | None:
+    """The tools the run's model may see and call (its agent version's, besides ask_user); None:
+    a run without an agent version, which is offered every registered tool."""
+    version = run_agent_version(run)
+    return list(version.tools) if version is not None else None
+
+
+def agent_list() -> list[Agent]:
+    """The agents that have a definition (everyone signed in may read them: access.can_see_agents)."""
+    return list(Agent.objects.select_related("current_version").filter(current_version__isnull=False).order_by("name", "id"))
+
+
+def agent_get(*, slug: str) -> Agent | None:
+    if not AGENT_SLUG.fullmatch(slug or ""):
+        return None
+    return Agent.objects.select_related("current_version").filter(slug=slug, current_version__isnull=False).first()
+
+
+def agent_default() -> Agent | None:
+    """The agent new sessions get when they name none (settings.WARDEN_DEFAULT_AGENT), if it exists."""
+    slug = settings.WARDEN_DEFAULT_AGENT
+    return Agent.objects.filter(slug=slug, current_version__isnull=False).first() if slug else None
+
+
+def agent_current_version(*, agent_id) -> AgentVersion | None:
+    """The version a new run of an agent's session uses: the agent's current one, read as the run
+    starts (a run keeps it for good; an edit of the agent meanwhile is the next run's)."""
+    if agent_id is None:
+        return None
+    return AgentVersion.objects.filter(pk=Agent.objects.filter(pk=agent_id).values("current_version_id")[:1]).first()

@@ -1,0 +1,127 @@
+"""Agents over HTTP (docs/EXTENDING.md): list and read them; define one or save a new version
+(agents.change_agent), through engine.actions.agents.agent_save."""
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+from ninja import Field, Router, Schema, Status
+from pydantic import AfterValidator, ConfigDict
+
+from access import policy as access
+from agents.definitions import AgentDefinitionInvalid
+from agents.selectors import agent_get, agent_list
+from api.base import BodyIn, COMMON_ERRORS, ApiError, StorableText, errors, not_found
+from engine.actions.agents import agent_save
+
+router = Router(tags=["agents"])
+
+
+class AgentVersionOut(Schema):
+    number: int
+    name: str
+    instructions: str
+    provider: str
+    model: str
+    provider_options: Any
+    tools: list[str]
+    budgets: Any = Field(description="defaults of a run's budgets: max_model_calls, max_tokens, deadline_seconds")
+    budget_limits: Any = Field(description="the most a request may ask for (beside the deployment's caps)")
+    approval_rules: Any = Field(description='{"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", '
+                                            '"approvers": N}, …]}: first match wins')
+    interjection_classifier: str
+    created_by: str | None
+    created_at: datetime
+
+    @staticmethod
+    def resolve_created_by(version) -> str | None:
+        return version.created_by.get_username() if version.created_by_id else None
+
+
+class AgentOut(Schema):
+    slug: str
+    name: str
+    version: AgentVersionOut = Field(description="the current version: what the next run uses")
+    versions: list[int] = Field(description="every version's number, newest first")
+
+    @staticmethod
+    def resolve_version(agent):
+        return agent.current_version
+
+    @staticmethod
+    def resolve_versions(agent) -> list[int]:
+        return list(agent.versions.order_by("-number").values_list("number", flat=True))
+
+
+def _storable_json(value: dict) -> dict:
+    # PostgreSQL's jsonb cannot hold \u0000: refused here (422), not by the database (500).
+    if "\\u0000" in json.dumps(value):
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+class AgentIn(BodyIn):
+    """An agent's whole definition; saving it makes a new version (runs under way keep theirs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slug: StorableText | None = Field(None, max_length=64, description="on create; derived from the name if left out")
+    name: StorableText = Field(max_length=100)
+    instructions: StorableText = Field(max_length=20_000)
+    provider: StorableText | None = Field(None, max_length=32,
+                                          description="a name in WARDEN_PROVIDERS; default WARDEN_MODEL_PROVIDER")
+    model: StorableText = Field("", max_length=100)
+    provider_options: Annotated[dict, AfterValidator(_storable_json)] = Field(default_factory=dict)
+    tools: list[str] = Field(default_factory=list, description="registered tool names (WARDEN_TOOL_MODULES)")
+    budgets: dict = Field(default_factory=dict)
+    budget_limits: dict = Field(default_factory=dict)
+    approval_rules: dict = Field(default_factory=dict)
+    interjection_classifier: str = Field("model", description="`model` or `keywords`")
+
+
+def _visible_agent(request, slug: str):
+    agent = agent_get(slug=slug) if access.can_see_agents(user=request.auth) else None
+    if agent is None:
+        raise not_found("agent")
+    return agent
+
+
+def _definition_refused(error: AgentDefinitionInvalid) -> ApiError:
+    fields = [{"field": f"body.{field}", "message": message, "type": "invalid_agent"} for field, message in error.errors.items()]
+    return ApiError(422, "invalid_agent", f"The agent definition was refused, nothing was saved: {error}", fields)
+
+
+def _agent_save_or_refuse(request, payload: AgentIn, agent=None):
+    if not access.can_manage_agents(user=request.auth):
+        raise ApiError(403, "not_permitted", "Defining agents needs the agents.change_agent permission.")
+    try:
+        version = agent_save(definition=payload.model_dump(), acting_user=request.auth, agent=agent)
+    except AgentDefinitionInvalid as error:
+        raise _definition_refused(error) from None
+    return _visible_agent(request, version.agent.slug)
+
+
+@router.get("", response={200: list[AgentOut], **errors(401, 429)}, summary="List agents")
+def agents_list(request):
+    """The deployment's agents, to pick one for a new session (`POST /sessions {"agent": slug}`)."""
+    return agent_list() if access.can_see_agents(user=request.auth) else []
+
+
+@router.get("/{slug}", response={200: AgentOut, **COMMON_ERRORS}, summary="Agent detail")
+def agents_get(request, slug: str):
+    return _visible_agent(request, slug)
+
+
+@router.post("", response={201: AgentOut, **COMMON_ERRORS, **errors(400, 403)}, summary="Define an agent")
+def agents_create(request, payload: AgentIn):
+    """Needs agents.change_agent. A definition naming an unknown tool or provider, rules that do
+    not parse or a rule earlier rules already cover is refused (422 `invalid_agent`, `fields`
+    naming each), and nothing is saved."""
+    return Status(201, _agent_save_or_refuse(request, payload))
+
+
+@router.put("/{slug}", response={200: AgentOut, **COMMON_ERRORS, **errors(400, 403)}, summary="Save a new version")
+def agents_update(request, slug: str, payload: AgentIn):
+    """The whole definition again: a new version, used by the agent's next runs; runs under way
+    (and waiting ones) keep the version they started with."""
+    return _agent_save_or_refuse(request, payload, agent=_visible_agent(request, slug))

@@ -1,0 +1,148 @@
+"""Approvals over HTTP: the queue of what the caller may decide, and the decision itself,
+through `approval_decide` like the admin's buttons (SPEC §7)."""
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from django.utils import timezone
+from ninja import Field, Query, Router, Schema
+
+from approvals_app.models import ApprovalPolicy, ApprovalStatus
+from approvals_app.selectors import approval_get, approval_list
+from approvals_app.services import approval_approvers
+from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
+from engine.actions.approvals import approval_decide
+from access import policy as access
+from tools_app.models import ToolCallStatus
+
+router = Router(tags=["approvals"])
+
+
+class ApprovalToolCallOut(Schema):
+    id: uuid.UUID
+    tool_name: str
+    arguments: Any
+    status: ToolCallStatus
+    idempotency_key: str | None
+
+
+class ApprovalOut(Schema):
+    id: uuid.UUID
+    run_id: uuid.UUID
+    session_id: uuid.UUID
+    tool_call: ApprovalToolCallOut
+    policy: ApprovalPolicy
+    status: ApprovalStatus
+    requested_at: datetime
+    expires_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+    note: str = Field(description="the decider's internal note (desk and audit trail): the session's customer gets \"\" "
+                                  "unless they decided it themselves")
+    customer_message: str = Field(description="what the decider chose to tell the customer; the model is told it")
+    can_decide: bool = Field(description="whether the caller may decide it now")
+    required_approvals: int = Field(description="distinct operators who must approve (a quorum from the agent's rule); "
+                                                "one rejection rejects")
+    approved_by: list[str] = Field(description="who has approved so far, in order")
+    approvals_missing: int = Field(description="approvals still needed while pending")
+    rule: str = Field(description="the agent's rule that asked for this approval; \"\": the tool's own policy")
+    rule_reason: str = Field(description="why that rule applied to these arguments")
+
+    @staticmethod
+    def resolve_approved_by(approval) -> list[str]:
+        return approval_approvers(approval=approval) if approval.required_approvals > 1 else (
+            [approval.decided_by.get_username()] if approval.status == ApprovalStatus.APPROVED and approval.decided_by_id else [])
+
+    @staticmethod
+    def resolve_approvals_missing(approval) -> int:
+        if approval.status != ApprovalStatus.PENDING:
+            return 0
+        return approval.required_approvals - (len(approval_approvers(approval=approval)) if approval.required_approvals > 1 else 0)
+
+    @staticmethod
+    def resolve_session_id(approval) -> uuid.UUID:
+        return approval.run.session_id
+
+    @staticmethod
+    def resolve_decided_by(approval) -> str | None:
+        return approval.decided_by.get_username() if approval.decided_by_id else None
+
+    @staticmethod
+    def resolve_note(approval, context) -> str:
+        user = context["request"].auth
+        if approval.decided_by_id == user.pk or access.reads_desk_notes(user=user, session_owner_id=approval.run.session.owner_id):
+            return approval.note
+        return ""
+
+    @staticmethod
+    def resolve_can_decide(approval, context) -> bool:
+        user = context["request"].auth
+        return access.can_decide_approval(user=user, approval=approval)
+
+
+class ApprovalPage(Schema):
+    items: list[ApprovalOut]
+    next_cursor: str | None
+
+
+class DecisionIn(BodyIn):
+    decision: Literal["approve", "reject"]
+    note: StorableText = Field("", max_length=2000, description="why: an internal note for the desk and the audit trail; "
+                                                                 "the customer and the model never see it")
+    customer_message: StorableText = Field("", max_length=300, description="on rejection, what the customer is told "
+                                                                           "(the model passes it on after \"An operator declined it.\")")
+
+
+def _visible_approval(request, approval_id):
+    approval = approval_get(approvals=access.visible_approvals(user=request.auth), approval_id=approval_id)
+    if approval is None:
+        raise not_found("approval")
+    return approval
+
+
+@router.get("", response={200: ApprovalPage, **COMMON_ERRORS}, summary="List approvals")
+def approvals_list(
+    request,
+    status: list[ApprovalStatus] = Query([ApprovalStatus.PENDING], description="default pending; repeat for several"),
+    decidable: bool = Query(True, description="only those the caller may decide now; false: all the caller may see"),
+    run: uuid.UUID | None = None,
+    cursor: str | None = Query(None, max_length=500),
+    limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
+):
+    """By default the caller's queue: pending approvals they may decide, oldest first —
+    user-level confirmations of their own runs and, with approvals_app.decide_approval,
+    operator approvals of other people's runs."""
+    items, next_cursor = approval_list(
+        approvals=access.visible_approvals(user=request.auth), statuses=status,
+        decidable=access.decidable_approvals(user=request.auth) if decidable else None, run_id=run, cursor=cursor, limit=limit,
+    )
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get("/{approval_id}", response={200: ApprovalOut, **COMMON_ERRORS}, summary="Approval detail")
+def approvals_get(request, approval_id: uuid.UUID):
+    return _visible_approval(request, approval_id)
+
+
+@router.post(
+    "/{approval_id}/decision",
+    response={200: ApprovalOut, **COMMON_ERRORS, **errors(400, 403, 409)},
+    summary="Approve or reject",
+)
+def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
+    """Recorded exactly once, whoever clicks first: a late decision gets 409 naming the
+    winner. Approval resumes the run; rejection cancels the tool call and tells the model so, in
+    plain words and with `customer_message` — never the `note`."""
+    approval = _visible_approval(request, approval_id)
+    if access.why_not_a_decider(user=request.auth, approval=approval):
+        if access.has_approved(user=request.auth, approval=approval):
+            # The caller's own approval of this quorum is in (perhaps from a request a moment ago): a conflict.
+            raise ApiError(409, "already_decided", access.ALREADY_APPROVED)
+        raise ApiError(403, "not_permitted", "You may not decide this approval.")
+    if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
+        # The sweeper has not closed it yet, but its time is up: no decision can count now.
+        raise ApiError(409, "expired", "This approval request has expired.")
+    approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth,
+                    customer_message=payload.customer_message)
+    return _visible_approval(request, approval_id)

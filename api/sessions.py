@@ -1,0 +1,231 @@
+"""Sessions and messages over HTTP, plus `GET /me`. Posting a message goes through
+`message_post`: it starts a run, or queues the input for the active one (SPEC §8)."""
+
+import uuid
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any, Literal
+
+from ninja import Field, Query, Router, Schema, Status
+
+from api.base import (
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found,
+)
+from access import policy as access
+from agents.selectors import agent_get
+from api.runs import RunOut
+from engine.actions.messages import message_post
+from engine.actions.sessions import session_open
+from sessions_app.models import InputDisposition, InputMode, MessageRole
+from sessions_app.selectors import message_list, message_list_latest, pending_input_list, session_get, session_list
+from sessions_app.services import MAX_MESSAGE_CHARS
+
+router = Router(tags=["sessions"])
+
+# How much history the session detail embeds; the messages endpoint pages through the rest.
+DETAIL_MESSAGES = 100
+
+
+class SessionOut(Schema):
+    id: uuid.UUID
+    title: str
+    owner: str
+    agent: str | None = Field(description="the slug of the agent the session's runs use (null: none)")
+    active_run_id: uuid.UUID | None = Field(description="the one queued, running or waiting run, if any")
+    message_count: int
+    created_at: datetime
+    updated_at: datetime
+
+    @staticmethod
+    def resolve_owner(session) -> str:
+        return session.owner.get_username()
+
+    @staticmethod
+    def resolve_agent(session) -> str | None:
+        return session.agent.slug if session.agent_id else None
+
+    @staticmethod
+    def resolve_active_run_id(session) -> uuid.UUID | None:
+        return getattr(session, "active_run_id", None)
+
+    @staticmethod
+    def resolve_message_count(session) -> int:
+        return session.message_seq
+
+
+class SessionPage(Schema):
+    items: list[SessionOut]
+    next_cursor: str | None
+
+
+class MessageOut(Schema):
+    id: int
+    seq: int
+    role: MessageRole
+    content: str
+    tool_calls: Any = Field(description="assistant messages that ask for tools: the calls as the model stated them")
+    tool_call_id: str
+    tool_name: str
+    run_id: uuid.UUID | None
+    created_at: datetime
+
+
+class MessagePage(Schema):
+    items: list[MessageOut]
+    next_after: int = Field(description="pass as ?after= to continue")
+
+
+class PendingInputOut(Schema):
+    id: int
+    content: str
+    mode: InputMode
+    resolved_mode: InputMode | None
+    disposition: InputDisposition | None
+    received_at: datetime
+    consumed_at: datetime | None
+    consumed_by_run_id: uuid.UUID | None
+
+    @staticmethod
+    def resolve_resolved_mode(pending) -> str | None:
+        return pending.resolved_mode or None
+
+    @staticmethod
+    def resolve_disposition(pending) -> str | None:
+        return pending.disposition or None
+
+    @staticmethod
+    def resolve_consumed_by_run_id(pending) -> uuid.UUID | None:
+        return pending.consumed_by_id
+
+
+class SessionDetailOut(SessionOut):
+    messages: list[MessageOut] = Field(description=f"the latest {DETAIL_MESSAGES} messages, oldest first")
+    pending_inputs: list[PendingInputOut] = Field(description="input waiting for the active run to read it")
+
+
+class SessionIn(BodyIn):
+    title: StorableText = Field("", max_length=200)
+    agent: StorableText | None = Field(None, max_length=64, description="the slug of the agent its runs use (GET /agents); "
+                                                               "default: the deployment's (WARDEN_DEFAULT_AGENT)")
+
+
+class BudgetsIn(BodyIn):
+    """Limits of the run a message starts. Each is capped by the deployment (WARDEN_MODEL_CALLS_CAP,
+    WARDEN_TOKENS_CAP, WARDEN_DEADLINE_CAP_SECONDS; 422 `budget_over_cap` above one) unless the caller
+    has runs_app.exceed_budget_caps; the bounds below hold for everyone."""
+    max_model_calls: int | None = Field(None, ge=1, le=1000)
+    max_tokens: int | None = Field(None, ge=1, le=10_000_000)
+    deadline_seconds: int | None = Field(None, ge=1, le=7 * 86_400, description="wall-clock limit from now")
+
+
+class MessageIn(BodyIn):
+    content: StorableText = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    mode: InputMode = Field(
+        InputMode.AUTO,
+        description="while a run is active: `supplement` joins it, `new_intent` cancels it and starts a new run, "
+                    "`queue` waits for it to end, `auto` lets the classifier decide",
+    )
+    budgets: BudgetsIn | None = Field(None, description="limits of the run this message starts (ignored when it joins one)")
+
+
+class MessagePostOut(Schema):
+    disposition: Literal["started_run", "answered", "pending"] = Field(
+        description="`started_run`: the message started a new queued run; `answered`: it answered the question "
+                    "the active run waited on, which resumes; `pending`: a run is active and reads the input at its "
+                    "next safe point")
+    message: MessageOut | None = Field(description="the history entry (started_run, answered)")
+    pending_input: PendingInputOut | None = Field(
+        description="the stored input (pending); `consumed_by_run_id` is already set when an intent switch "
+                    "found nothing running, cancelled the run and started the next one from it")
+    run: RunOut = Field(description="the run started, or the active run the input was given to")
+
+
+def _visible_session(request, session_id):
+    session = session_get(sessions=access.visible_sessions(user=request.auth), session_id=session_id)
+    if session is None:
+        raise not_found("session")
+    return session
+
+
+def _session_detail_out(session) -> SimpleNamespace:
+    # A namespace, not the model instance: `messages` would collide with the reverse relation.
+    return SimpleNamespace(
+        **{field: getattr(session, field) for field in (
+            "id", "title", "owner", "agent", "agent_id", "active_run_id", "message_seq", "created_at", "updated_at")},
+        messages=message_list_latest(session=session, limit=DETAIL_MESSAGES),
+        pending_inputs=pending_input_list(session=session),
+    )
+
+
+@router.post("", response={201: SessionOut, **errors(400, 401, 422)}, summary="Create a session")
+def sessions_create(request, payload: SessionIn):
+    agent = None
+    if payload.agent is not None:
+        agent = agent_get(slug=payload.agent) if access.can_see_agents(user=request.auth) else None
+        if agent is None:
+            raise ApiError(422, "unknown_agent", f"There is no agent {payload.agent!r}.",
+                           [{"field": "body.agent", "message": f"no agent {payload.agent!r} (GET /agents lists them)",
+                             "type": "unknown_agent"}])
+    session = session_open(owner=request.auth, title=payload.title, agent=agent)
+    return Status(201, session_get(sessions=access.visible_sessions(user=request.auth), session_id=session.pk))
+
+
+@router.get("", response={200: SessionPage, **COMMON_ERRORS}, summary="List sessions")
+def sessions_list(
+    request,
+    cursor: str | None = Query(None, max_length=500),
+    limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
+):
+    """Sessions the caller may see (their own, or all with sessions_app.view_session), newest first."""
+    items, next_cursor = session_list(sessions=access.visible_sessions(user=request.auth), cursor=cursor, limit=limit)
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.get("/{session_id}", response={200: SessionDetailOut, **COMMON_ERRORS}, summary="Session detail")
+def sessions_get(request, session_id: uuid.UUID):
+    """The session, its latest messages and the input waiting for its active run."""
+    return _session_detail_out(_visible_session(request, session_id))
+
+
+@router.get("/{session_id}/messages", response={200: MessagePage, **COMMON_ERRORS}, summary="Session history")
+def sessions_messages(
+    request,
+    session_id: uuid.UUID,
+    after: int = Query(0, ge=0, le=MAX_BIGINT, description="return messages with seq > after"),
+    limit: int = Query(100, ge=1, le=500),
+):
+    """The append-only history in order, paged by sequence number."""
+    session = _visible_session(request, session_id)
+    items = message_list(session=session, after_seq=after, limit=limit)
+    return {"items": items, "next_after": items[-1].seq if items else after}
+
+
+@router.post(
+    "/{session_id}/messages",
+    response={201: MessagePostOut, 202: MessagePostOut, **COMMON_ERRORS, **errors(400, 403)},
+    summary="Say something in a session",
+)
+def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
+    """With no active run the message starts one (201, queued for a worker). While a run is
+    active the input is stored and the run reads it at its next safe point (202): never lost,
+    never a second concurrent run. Budgets above the deployment's caps: 422 `budget_over_cap`
+    naming the cap, unless the caller has runs_app.exceed_budget_caps."""
+    session = _visible_session(request, session_id)
+    if not access.can_post_in_session(user=request.auth, session=session):
+        raise ApiError(403, "not_permitted", "Only the session's owner may post in it.")
+    budgets = None
+    if payload.budgets is not None:
+        budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}
+    result = message_post(session=session, content=payload.content, mode=payload.mode, acting_user=request.auth, budgets=budgets)
+    pending = result.pending_input
+    if pending is not None:
+        # An intent switch while nothing was running has already cancelled the run and started
+        # the next one from this input; the row as it is now says so.
+        pending.refresh_from_db()
+    status = 201 if result.disposition == "started_run" else 202
+    return Status(status, {
+        "disposition": result.disposition,
+        "message": result.message,
+        "pending_input": pending,
+        "run": result.run,
+    })

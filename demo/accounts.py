@@ -1,0 +1,6 @@
+"""The demo world's accounts and names (`manage.py demo_setup` creates them; `serve_all` prints them)."""
+
+DEMO_OPERATOR = ("operator", "operator-demo-pass")
+DEMO_CUSTOMER = ("alice", "alice-demo-pass")
+# The webhook endpoint `manage.py demo_setup` wires to the simulated services' receiver page.
+DEMO_WEBHOOK_ENDPOINT = "Demo receiver"

@@ -1,0 +1,178 @@
+"""The deployment's agents (docs/EXTENDING.md): their definitions, saved as new versions through
+engine.actions.agents.agent_save, and every version they had."""
+
+import json
+import re
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+
+from access import policy as access
+from agents.definitions import AgentDefinitionInvalid, agent_definition_check
+from agents.models import Agent, AgentVersion
+from desk.base import ReadOnlyAdmin, ReadOnlyInline
+from desk.display import pretty_json
+from engine.actions.agents import agent_definition_of, agent_save
+
+def _json_field(label: str, help_text: str) -> forms.CharField:
+    return forms.CharField(label=label, required=False, help_text=help_text,
+                           widget=forms.Textarea(attrs={"rows": 6, "cols": 90, "class": "vLargeTextField"}))
+
+
+class AgentForm(forms.ModelForm):
+    """The whole definition of an agent; saving it makes a new version (engine.actions.agents).
+    Checked as a whole by agents.definitions.agent_definition_check: a wrong field is named, and
+    nothing is saved."""
+
+    JSON_FIELDS = ("provider_options", "budgets", "budget_limits", "approval_rules")
+
+    instructions = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 90}),
+                                   help_text="The system prompt the agent's model gets.")
+    provider = forms.CharField(max_length=32, help_text="A name in WARDEN_PROVIDERS (scripted, openai, or the deployment's own).")
+    model = forms.CharField(max_length=100, required=False, help_text="The model name the provider is asked for.")
+    tools = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 90}),
+                            help_text="Tool names, comma- or line-separated (registered through WARDEN_TOOL_MODULES). "
+                                      "ask_user is always offered.")
+    provider_options = _json_field("Provider options", "A JSON object, e.g. {\"temperature\": 0}.")
+    budgets = _json_field("Default budgets", 'JSON: {"max_model_calls": 20, "max_tokens": 200000, "deadline_seconds": 3600}.')
+    budget_limits = _json_field("Maximum budgets", "JSON, same keys: the most a request may ask for.")
+    approval_rules = _json_field(
+        "Approval rules",
+        'JSON per write tool, first match wins: {"execute_refund": [{"when": "amount <= 20", "approval": "none"}, '
+        '{"when": "amount <= 500", "approval": "user"}, {"when": "amount > 500", "approval": "operator", "approvers": 2}]}.')
+    interjection_classifier = forms.ChoiceField(choices=[("model", "the agent's model"), ("keywords", "keyword rules")],
+                                                initial="model")
+
+    class Meta:
+        model = Agent
+        fields = ("name", "slug")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "slug" in self.fields:  # read-only once the agent exists
+            self.fields["slug"].required = False
+            self.fields["slug"].help_text = "Derived from the name when left blank; sessions name the agent by it."
+        if self.instance.pk and self.instance.current_version_id:
+            definition = agent_definition_of(self.instance.current_version)
+            for field in self.JSON_FIELDS:
+                self.initial[field] = json.dumps(definition[field], indent=2)
+            self.initial["tools"] = ", ".join(definition["tools"])
+            for field in ("instructions", "provider", "model", "interjection_classifier"):
+                self.initial[field] = definition[field]
+        else:
+            self.initial.setdefault("provider", settings.WARDEN_MODEL_PROVIDER)
+
+    def clean(self):
+        cleaned = super().clean()
+        definition = {field: cleaned.get(field) for field in ("name", "slug", "instructions", "provider", "model",
+                                                               "interjection_classifier")}
+        definition["tools"] = [t.strip() for t in re.split(r"[,\n]", cleaned.get("tools") or "") if t.strip()]
+        for field in self.JSON_FIELDS:
+            text = (cleaned.get(field) or "").strip()
+            try:
+                definition[field] = json.loads(text) if text else {}
+            except json.JSONDecodeError as error:
+                self.add_error(field, f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})")
+        if self.instance.pk:
+            definition["slug"] = self.instance.slug
+        if self.errors:
+            return cleaned
+        try:
+            self.definition = agent_definition_check(definition)
+        except AgentDefinitionInvalid as error:
+            for where, message in error.errors.items():
+                field = where.split(".")[0].split("[")[0]
+                self.add_error(field if field in self.fields else None, f"{where}: {message}" if where != field else message)
+        return cleaned
+
+
+class AgentVersionInline(ReadOnlyInline):
+    model = AgentVersion
+    fk_name = "agent"
+    fields = ("number", "name", "provider", "model", "tools", "created_by", "created_at")
+    readonly_fields = fields
+    ordering = ("-number",)
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    """The deployment's agents. Defining one needs agents.change_agent (the access policy);
+    every save is a new version, and runs keep the version they started with."""
+
+    form = AgentForm
+    list_display = ("name", "slug", "version", "tools_list", "provider_model", "updated_at")
+    inlines = [AgentVersionInline]
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "instructions", "provider", "model", "tools", "interjection_classifier")}),
+        ("Approval rules", {"fields": ("approval_rules",)}),
+        ("Budgets and provider options", {"fields": ("budgets", "budget_limits", "provider_options")}),
+    )
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("current_version")
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("slug",) if obj is not None else ()
+
+    def has_module_permission(self, request):
+        return access.can_see_agents(user=request.user)
+
+    def has_view_permission(self, request, obj=None):
+        return access.can_see_agents(user=request.user)
+
+    def has_add_permission(self, request):
+        return access.can_manage_agents(user=request.user)
+
+    def has_change_permission(self, request, obj=None):
+        return access.can_manage_agents(user=request.user)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # runs point at its versions for good
+
+    def save_model(self, request, obj, form, change):
+        version = agent_save(definition=form.definition, acting_user=request.user, agent=obj if change else None)
+        obj.pk, obj.slug, obj.current_version = version.agent_id, version.agent.slug, version
+        messages.info(request, f"Saved as version {version.number}; runs under way keep the version they started with.")
+
+    def save_related(self, request, form, formsets, change):
+        pass  # the versions are written by agent_save, never through the inline
+
+    def construct_change_message(self, request, form, formsets, add=False):
+        return [{"added": {}}] if add else [{"changed": {"fields": ["a new version"]}}]
+
+    @admin.display(description="version")
+    def version(self, obj):
+        return obj.current_version.number if obj.current_version_id else "—"
+
+    @admin.display(description="tools")
+    def tools_list(self, obj):
+        return ", ".join(obj.current_version.tools) if obj.current_version_id else "—"
+
+    @admin.display(description="model")
+    def provider_model(self, obj):
+        version = obj.current_version
+        return f"{version.provider} {version.model}".strip() if version else "—"
+
+
+@admin.register(AgentVersion)
+class AgentVersionAdmin(ReadOnlyAdmin):
+    """Every version ever saved, as the runs that used it saw it (the database refuses changes)."""
+
+    list_display = ("agent", "number", "provider", "model", "created_by", "created_at")
+    list_select_related = ("agent", "created_by")
+    readonly_fields = ("approval_rules_pretty", "provider_options_pretty")
+
+    def has_view_permission(self, request, obj=None):
+        return access.can_see_agents(user=request.user)
+
+    def has_module_permission(self, request):
+        return access.can_see_agents(user=request.user)
+
+    @admin.display(description="approval rules")
+    def approval_rules_pretty(self, obj):
+        return pretty_json(obj.approval_rules)
+
+    @admin.display(description="provider options")
+    def provider_options_pretty(self, obj):
+        return pretty_json(obj.provider_options)

@@ -1,0 +1,175 @@
+"""The approval queue's decision pages: approve or reject one request, or several at once, through
+a confirmation page with a note. Each decision is `approval_decide`, the same service the API
+uses, called once per request — so each is permission-checked and audited on its own; this
+module only asks for confirmation and reports the outcome."""
+
+from django import forms
+from django.contrib import messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from desk.display import amount_of, compact_arguments, countdown, time_to_expiry
+from approvals_app.models import Approval, ApprovalStatus
+from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalNotPermitted, approval_approvers
+from engine.actions.approvals import approval_decide
+from access import policy as access
+from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, decision_text
+
+DECISIONS = {"approve": "Approve", "reject": "Reject"}
+# A bulk decision covers at most this many requests (one page of the queue, and then some).
+BULK_LIMIT = 100
+
+
+class DecisionForm(forms.Form):
+    note = forms.CharField(
+        label="Internal note", widget=forms.Textarea(attrs={"rows": 3, "cols": 70}), required=False, max_length=2000, strip=True
+    )
+    customer_message = forms.CharField(
+        label="Message for the customer", widget=forms.Textarea(attrs={"rows": 2, "cols": 70}), required=False,
+        max_length=CUSTOMER_MESSAGE_CHARS, strip=True,
+        help_text="Optional. The model passes it on to the customer, word for word, after “An operator declined it.”",
+    )
+
+    def __init__(self, *args, decision: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        if decision == "reject":
+            # The note is for the next operator and the audit trail: a rejection without a reason helps nobody.
+            self.fields["note"].required = True
+            self.fields["note"].help_text = "Required. For the desk and the audit trail only: the customer and the model never see it."
+        else:
+            del self.fields["customer_message"]
+            self.fields["note"].help_text = "Optional. For the desk and the audit trail only: the customer and the model never see it."
+
+
+def _decided_message(decision: str, calls) -> str:
+    what = "; ".join(f"{call.tool_name} ({compact_arguments(call.arguments)})" for call in calls)
+    if decision == "approve":
+        return f"Approved: {what}. The run resumes and executes it."
+    return f"Rejected: {what}. The customer is told: {decision_text(rejected_by_customer=False)}"
+
+
+def approval_decide_view(request, *, model_admin, object_id: str, decision: str):
+    opts = model_admin.model._meta
+    approval = model_admin.get_object(request, unquote(object_id))
+    if approval is None:
+        return model_admin._get_obj_does_not_exist_redirect(request, opts, object_id)
+    if not model_admin.has_view_permission(request, approval):
+        raise PermissionDenied
+    change_url = reverse("admin:approvals_app_approval_change", args=[approval.pk])
+    form = DecisionForm(request.POST or None, decision=decision)
+    status = 200
+    refusal = access.why_not_a_decider(user=request.user, approval=approval)
+    if refusal:
+        # The action refuses too; this answers before anything is attempted.
+        messages.error(request, f"You may not decide this approval: {refusal}")
+        status = 403
+    elif request.method == "POST" and form.is_valid():
+        try:
+            approval_decide(approval=approval, decision=decision, note=form.cleaned_data["note"], acting_user=request.user,
+                            customer_message=form.cleaned_data.get("customer_message", ""))
+        except ApprovalNotPermitted as error:
+            messages.error(request, error.message)
+            status = 403
+        except ApprovalAlreadyDecided as error:
+            messages.warning(request, error.message)
+            return HttpResponseRedirect(change_url)
+        except ApprovalError as error:
+            messages.error(request, error.message)
+            return HttpResponseRedirect(change_url)
+        else:
+            approval.refresh_from_db(fields=["status"])
+            if approval.status == ApprovalStatus.PENDING:
+                # One approval of a quorum: recorded, nothing executes until the last one.
+                approved = len(approval_approvers(approval=approval))
+                messages.success(request, f"Your approval is recorded: {approved} of {approval.required_approvals} approvals "
+                                          f"for {approval.tool_call.tool_name}. It runs once another operator approves it.")
+            else:
+                messages.success(request, _decided_message(decision, [approval.tool_call]))
+            return HttpResponseRedirect(reverse("admin:approvals_app_approval_changelist"))
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{DECISIONS[decision]} {approval.tool_call.tool_name}?",
+        "opts": opts,
+        "app_label": opts.app_label,
+        "original": approval,
+        "approval": approval,
+        "decision": decision,
+        "decision_label": DECISIONS[decision],
+        "form": form,
+        "can_decide": status == 200 and approval.status == ApprovalStatus.PENDING,
+        "refusal": refusal,
+        "arguments": model_admin.arguments_pretty(approval),
+        "read_results": model_admin.read_results(approval),
+        "rule": model_admin.rule_applied(approval),
+        "expiry": countdown(approval.expires_at) if approval.status == ApprovalStatus.PENDING else "—",
+        "change_url": change_url,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/approvals_app/approval/decide.html", context, status=status)
+
+
+def _row(approval: Approval, user) -> dict:
+    refusal = access.why_cannot_decide(user=user, approval=approval)
+    return {
+        "approval": approval,
+        "amount": amount_of(approval.tool_call.arguments),
+        "order": (approval.tool_call.arguments or {}).get("order_id", ""),
+        "arguments": compact_arguments(approval.tool_call.arguments),
+        "customer": approval.run.session.owner.get_username(),
+        "expiry": time_to_expiry(approval.expires_at) if approval.status == ApprovalStatus.PENDING else "—",
+        "refusal": refusal,
+    }
+
+
+def approvals_decide_action(model_admin, request, queryset, *, decision: str):
+    """The changelist actions "Approve / Reject selected…": a confirmation page lists what will be
+    decided (and what will be skipped, and why), then each request is decided on its own."""
+    approvals = list(queryset.select_related("run__session__owner", "tool_call", "decided_by").order_by("requested_at")[:BULK_LIMIT + 1])
+    if len(approvals) > BULK_LIMIT:
+        messages.error(request, f"Select at most {BULK_LIMIT} requests at once.")
+        return None
+    rows = [_row(approval, request.user) for approval in approvals]
+    form = DecisionForm(request.POST if request.POST.get("confirm") == "yes" else None, decision=decision)
+    if request.POST.get("confirm") == "yes" and form.is_valid():
+        decided = []
+        for row in rows:
+            approval = row["approval"]
+            try:
+                approval_decide(approval=approval, decision=decision, note=form.cleaned_data["note"], acting_user=request.user,
+                                customer_message=form.cleaned_data.get("customer_message", ""))
+            except ApprovalError as error:
+                messages.warning(request, f"Not {decision}d — {approval.tool_call.tool_name} "
+                                          f"({compact_arguments(approval.tool_call.arguments)}): {error.message}")
+                continue
+            approval.refresh_from_db(fields=["status"])
+            if approval.status == ApprovalStatus.PENDING:
+                # One approval of a quorum: recorded, it needs another operator before it runs.
+                messages.info(request, f"Your approval of {approval.tool_call.tool_name} "
+                                       f"({compact_arguments(approval.tool_call.arguments)}) is recorded: "
+                                       f"{len(approval_approvers(approval=approval))} of {approval.required_approvals} approvals.")
+                continue
+            decided.append(approval.tool_call)
+        if decided:
+            messages.success(request, f"{len(decided)} request(s) — " + _decided_message(decision, decided))
+        return None
+    opts = model_admin.model._meta
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{DECISIONS[decision]} {len(rows)} request(s)?",
+        "opts": opts,
+        "app_label": opts.app_label,
+        "rows": rows,
+        "decidable": sum(1 for row in rows if not row["refusal"]),
+        "decision": decision,
+        "decision_label": DECISIONS[decision],
+        "form": form,
+        "action": f"{decision}_selected",
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/approvals_app/approval/decide_bulk.html", context,
+                            status=400 if request.POST.get("confirm") == "yes" else 200)

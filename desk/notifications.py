@@ -1,0 +1,71 @@
+"""Webhook endpoints (the receivers of notifications), the outbox's deliveries and their attempts
+(docs/OPERATIONS.md, "Webhooks")."""
+
+from django import forms
+from django.contrib import admin, messages
+
+from desk.base import ReadOnlyAdmin, ReadOnlyInline
+from desk.display import pretty_json
+from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from notifications.services import webhook_deliveries_retry_now
+
+
+class WebhookEndpointForm(forms.ModelForm):
+    url = forms.URLField(max_length=500, assume_scheme="https", help_text="Where deliveries are POSTed.")
+    kinds = forms.MultipleChoiceField(choices=NotificationKind.choices, widget=forms.CheckboxSelectMultiple, required=False,
+                                      help_text="What this receiver is told about.")
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ("name", "url", "kinds", "active", "secret")
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = WebhookEndpointForm
+    list_display = ("name", "url", "kinds_display", "active", "created_at")
+    list_filter = ("active",)
+    readonly_fields = ("created_at", "updated_at")
+
+    @admin.display(description="kinds")
+    def kinds_display(self, obj):
+        return ", ".join(obj.kinds) or "—"
+
+
+class WebhookAttemptInline(ReadOnlyInline):
+    model = WebhookAttempt
+    fields = ("number", "deliverer", "started_at", "finished_at", "status_code", "error", "response_excerpt")
+    readonly_fields = fields
+    show_change_link = False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "kind", "endpoint", "status", "attempts", "last_status_code", "next_attempt_at", "created_at", "delivered_at")
+    list_select_related = ("endpoint",)
+    list_filter = ("status", "kind", "endpoint")
+    search_fields = ("=id", "=run__id")
+    readonly_fields = ("id", "endpoint", "kind", "run", "event_seq", "body_display", "status", "attempts", "next_attempt_at",
+                       "claimed_by", "claimed_until", "last_status_code", "last_error", "created_at", "delivered_at")
+    fields = readonly_fields
+    inlines = [WebhookAttemptInline]
+    actions = ("retry_now",)
+
+    @admin.display(description="body")
+    def body_display(self, obj):
+        return pretty_json(obj.body)
+
+    @admin.action(description="Attempt the selected deliveries again now", permissions=["view"])
+    def retry_now(self, request, queryset):
+        if not request.user.has_perm("notifications.change_webhookdelivery"):
+            messages.error(request, "You may not retry deliveries (notifications.change_webhookdelivery).")
+            return
+        count = webhook_deliveries_retry_now(deliveries=queryset)
+        messages.success(request, f"{count} deliver{'y' if count == 1 else 'ies'} will be attempted again at once.")
+
+
+@admin.register(WebhookAttempt)
+class WebhookAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("delivery", "number", "deliverer", "started_at", "finished_at", "status_code", "error")
+    list_select_related = ("delivery", "delivery__endpoint")
+    search_fields = ("=delivery__id",)

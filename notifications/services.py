@@ -1,0 +1,82 @@
+"""The one write path of a webhook delivery's state: claimed by a deliverer, an attempt recorded,
+delivered, failed for good, or asked to go again at once (the desk). Delivery itself — the HTTP
+request, outside any transaction — is engine/webhooks.py."""
+
+import random
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from notifications.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
+
+_CLAIM_SQL = """
+UPDATE "runs_app_webhookdelivery"
+SET "claimed_by" = %s, "claimed_until" = now() + %s * interval '1 second', "attempts" = "attempts" + 1
+WHERE "id" = (
+    SELECT "id" FROM "runs_app_webhookdelivery"
+    WHERE "status" = 'pending' AND "next_attempt_at" <= now() AND ("claimed_until" IS NULL OR "claimed_until" < now())
+    ORDER BY "next_attempt_at" LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+RETURNING "id", "attempts"
+"""
+
+
+def claim_seconds() -> float:
+    """How long a claim outlives its attempt's start: a request cannot outlast it."""
+    return 2 * settings.WARDEN_WEBHOOK_TIMEOUT_SECONDS + 5
+
+
+def retry_delay(attempts: int) -> float:
+    delay = min(settings.WARDEN_WEBHOOK_RETRY_BASE_SECONDS * 2 ** (attempts - 1), 3600)
+    return delay * random.uniform(0.8, 1.2)
+
+
+def webhook_delivery_claim(*, deliverer: str):
+    """The next due delivery, claimed by `deliverer` until its claim runs out, with its attempt row
+    committed — before the request leaves, so an attempt cut short by a crash stays visible. None
+    when nothing is due (or another deliverer holds what is)."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_CLAIM_SQL, [deliverer, claim_seconds()])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        delivery = WebhookDelivery.objects.select_related("endpoint").get(pk=row[0])
+        attempt = WebhookAttempt.objects.create(delivery=delivery, number=row[1], deliverer=deliverer,
+                                                started_at=timezone.now())
+    return delivery, attempt
+
+
+def webhook_attempt_record(*, delivery: WebhookDelivery, attempt: WebhookAttempt, deliverer: str, status_code, error: str,
+                           excerpt: str) -> str:
+    """An attempt's outcome, and what it makes of the delivery — delivered, failed for good (after
+    WARDEN_WEBHOOK_MAX_ATTEMPTS) or due again after a backoff — recorded only while the claim is
+    still ours. Returns 'delivered', 'failed', 'retry' or 'claim-lost'."""
+    now = timezone.now()
+    ours = WebhookDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING, claimed_by=deliverer,
+                                          attempts=attempt.number)
+    released = {"claimed_by": "", "claimed_until": None, "last_status_code": status_code, "last_error": error}
+    with transaction.atomic():
+        WebhookAttempt.objects.filter(pk=attempt.pk).update(finished_at=now, status_code=status_code, error=error,
+                                                            response_excerpt=excerpt)
+        if not error:
+            updated = ours.update(status=DeliveryStatus.DELIVERED, delivered_at=now, **released)
+            outcome = "delivered"
+        elif attempt.number >= settings.WARDEN_WEBHOOK_MAX_ATTEMPTS:
+            updated = ours.update(status=DeliveryStatus.FAILED, **released)
+            outcome = "failed"
+        else:
+            updated = ours.update(next_attempt_at=now + timedelta(seconds=retry_delay(attempt.number)), **released)
+            outcome = "retry"
+    # Not updated: our claim ran out and another deliverer took the delivery over; its outcome stands.
+    return outcome if updated else "claim-lost"
+
+
+def webhook_deliveries_retry_now(*, deliveries: QuerySet[WebhookDelivery]) -> int:
+    """Every one of `deliveries` not yet delivered is due again now (a failed one gets a new round
+    of attempts). Returns how many."""
+    return deliveries.exclude(status=DeliveryStatus.DELIVERED).update(status=DeliveryStatus.PENDING,
+                                                                      next_attempt_at=timezone.now())
