@@ -19,6 +19,8 @@ from typing import Any
 from django.conf import settings
 from django.utils.text import slugify
 
+from agents.errors import AgentRefusal
+from config.errors import WardenError
 from tools_app.models import ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, tool_get, tool_list
 
@@ -32,13 +34,19 @@ BUDGET_FIELDS = ("max_model_calls", "max_tokens", "deadline_seconds")
 ALWAYS = "always"
 
 
-class AgentDefinitionInvalid(ValueError):
+class AgentDefinitionInvalid(WardenError):
     """`errors` maps each offending field (`tools`, `approval_rules.execute_refund[2].when`, …) to
-    what is wrong with it."""
+    what is wrong with it; nothing was saved."""
 
     def __init__(self, errors: dict[str, str]):
         self.errors = errors
-        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        super().__init__(
+            AgentRefusal.INVALID_AGENT,
+            "The agent definition was refused, nothing was saved: "
+            + "; ".join(f"{field}: {message}" for field, message in errors.items()),
+            fields=[{"field": f"body.{field}", "message": message, "type": AgentRefusal.INVALID_AGENT.value}
+                    for field, message in errors.items()],
+        )
 
 
 # --- conditions ---------------------------------------------------------------------------------

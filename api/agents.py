@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from ninja import Field, Router, Schema, Status
 from pydantic import AfterValidator, ConfigDict
 
+from api.errors import not_found
 from access import policy as access
-from agents.definitions import AgentDefinitionInvalid
 from agents.selectors import agent_get, agent_list
-from api.base import BodyIn, COMMON_ERRORS, ApiError, StorableText, errors, not_found
+from api.base import BodyIn, COMMON_ERRORS, StorableText, errors
 from engine.actions.agents import agent_save
 
 router = Router(tags=["agents"])
@@ -86,18 +86,10 @@ def _visible_agent(request, slug: str):
     return agent
 
 
-def _definition_refused(error: AgentDefinitionInvalid) -> ApiError:
-    fields = [{"field": f"body.{field}", "message": message, "type": "invalid_agent"} for field, message in error.errors.items()]
-    return ApiError(422, "invalid_agent", f"The agent definition was refused, nothing was saved: {error}", fields)
-
-
-def _agent_save_or_refuse(request, payload: AgentIn, agent=None):
-    if not access.can_manage_agents(user=request.auth):
-        raise ApiError(403, "not_permitted", "Defining agents needs the agents.change_agent permission.")
-    try:
-        version = agent_save(definition=payload.model_dump(), acting_user=request.auth, agent=agent)
-    except AgentDefinitionInvalid as error:
-        raise _definition_refused(error) from None
+def _agent_save(request, payload: AgentIn, agent=None):
+    """A definition refused is answered 422 `invalid_agent` with its fields; a caller who may not
+    define agents, 403 (engine.actions.agents.agent_save decides both)."""
+    version = agent_save(definition=payload.model_dump(), acting_user=request.auth, agent=agent)
     return _visible_agent(request, version.agent.slug)
 
 
@@ -117,11 +109,11 @@ def agents_create(request, payload: AgentIn):
     """Needs agents.change_agent. A definition naming an unknown tool or provider, rules that do
     not parse or a rule earlier rules already cover is refused (422 `invalid_agent`, `fields`
     naming each), and nothing is saved."""
-    return Status(201, _agent_save_or_refuse(request, payload))
+    return Status(201, _agent_save(request, payload))
 
 
 @router.put("/{slug}", response={200: AgentOut, **COMMON_ERRORS, **errors(400, 403)}, summary="Save a new version")
 def agents_update(request, slug: str, payload: AgentIn):
     """The whole definition again: a new version, used by the agent's next runs; runs under way
     (and waiting ones) keep the version they started with."""
-    return _agent_save_or_refuse(request, payload, agent=_visible_agent(request, slug))
+    return _agent_save(request, payload, agent=_visible_agent(request, slug))

@@ -8,10 +8,13 @@ from typing import Any, Literal
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
+from config.errors import CommonRefusal, WardenError
+from approvals_app.errors import ApprovalRefusal
+from api.errors import not_found
 from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from approvals_app.selectors import approval_get, approval_list
 from approvals_app.services import approval_approvers
-from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
+from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, StorableText, errors
 from engine.actions.approvals import approval_decide
 from access import policy as access
 from tools_app.models import ToolCallStatus
@@ -138,11 +141,11 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     if access.why_not_a_decider(user=request.auth, approval=approval):
         if access.has_approved(user=request.auth, approval=approval):
             # The caller's own approval of this quorum is in (perhaps from a request a moment ago): a conflict.
-            raise ApiError(409, "already_decided", access.ALREADY_APPROVED)
-        raise ApiError(403, "not_permitted", "You may not decide this approval.")
+            raise WardenError(ApprovalRefusal.ALREADY_DECIDED, access.ALREADY_APPROVED)
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "You may not decide this approval.")
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # The sweeper has not closed it yet, but its time is up: no decision can count now.
-        raise ApiError(409, "expired", "This approval request has expired.")
+        raise WardenError(ApprovalRefusal.EXPIRED, "This approval request has expired.")
     approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth,
                     customer_message=payload.customer_message)
     return _visible_approval(request, approval_id)

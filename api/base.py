@@ -11,6 +11,8 @@ from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
+from config.errors import WardenError
+from api.errors import ApiRefusal
 from config.storable import storable_text
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 
@@ -18,22 +20,6 @@ from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 MAX_BIGINT = 2**63 - 1
 MAX_PAGE_SIZE = 200
 DEFAULT_PAGE_SIZE = 50
-
-
-class ApiError(Exception):
-    """An expected failure with its HTTP status and stable machine-readable code."""
-
-    def __init__(self, status: int, code: str, message: str, fields: list[dict] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.fields = fields
-
-
-def not_found(what: str) -> ApiError:
-    # The same answer whether the object does not exist or the caller may not see it.
-    return ApiError(404, "not_found", f"No such {what}.")
 
 
 class ErrorField(Schema):
@@ -108,9 +94,9 @@ class ApiKeyAuth(HttpBearer):
         try:
             user = api_key_authenticate(token=token)
         except ApiKeyRevoked:
-            raise ApiError(401, "api_key_revoked", "This API key was revoked.") from None
+            raise WardenError(ApiRefusal.API_KEY_REVOKED, "This API key was revoked.") from None
         if user is None:
-            raise ApiError(401, "invalid_api_key", "Unknown API key.")
+            raise WardenError(ApiRefusal.INVALID_API_KEY, "Unknown API key.")
         return user
 
 
@@ -125,7 +111,8 @@ class SessionCookieAuth(APIKeyCookie):
         if not request.user.is_authenticated:
             return None
         if not getattr(request, "_ninja_csrf_exempt", False) and check_csrf(request):
-            raise ApiError(403, "csrf_failed", "CSRF check failed: send the csrftoken cookie's value in an X-CSRFToken header.")
+            raise WardenError(ApiRefusal.CSRF_FAILED,
+                              "CSRF check failed: send the csrftoken cookie's value in an X-CSRFToken header.")
         return request.COOKIES.get(self.param_name)
 
     def authenticate(self, request, key):

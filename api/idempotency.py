@@ -16,7 +16,9 @@ from django.db import IntegrityError, transaction
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
-from api.base import API_AUTH, ApiError
+from api.base import API_AUTH
+from api.errors import ApiRefusal
+from config.errors import WardenError
 from sessions_app.models import IdempotencyRecord
 
 HEADER = "Idempotency-Key"
@@ -24,8 +26,9 @@ UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 _NOT_KEPT = {401, 429}
 
 
-def _error(status: int, code: str, message: str, **headers) -> JsonResponse:
-    response = JsonResponse({"code": code, "message": message}, status=status)
+def _error(code: ApiRefusal, message: str, **headers) -> JsonResponse:
+    refused = WardenError(code, message)
+    response = JsonResponse(refused.body(), status=refused.status)
     for name, value in headers.items():
         response[name.replace("_", "-")] = value
     return response
@@ -36,7 +39,7 @@ def _caller(request):
     for auth in API_AUTH:
         try:
             user = auth(request)
-        except ApiError:
+        except WardenError:
             return None
         if user:
             return user
@@ -65,7 +68,7 @@ def idempotent(view):
         if request.method not in UNSAFE_METHODS or key is None:
             return view(request, *args, **kwargs)
         if not 1 <= len(key) <= 255 or not key.isprintable():
-            return _error(400, "invalid_idempotency_key", f"{HEADER} must be 1 to 255 printable characters.")
+            return _error(ApiRefusal.INVALID_IDEMPOTENCY_KEY, f"{HEADER} must be 1 to 255 printable characters.")
         user = _caller(request)
         if user is None:
             return view(request, *args, **kwargs)
@@ -82,13 +85,13 @@ def idempotent(view):
         except IntegrityError:
             existing = IdempotencyRecord.objects.filter(owner=user, key=key).first()
             if existing is None:  # the first request failed and let go of the key meanwhile
-                return _error(409, "idempotency_key_in_use", "A request with this key was just being answered; retry.",
+                return _error(ApiRefusal.IDEMPOTENCY_KEY_IN_USE, "A request with this key was just being answered; retry.",
                               Retry_After="1")
             if existing.request_hash != fingerprint:
-                return _error(409, "idempotency_key_reused",
+                return _error(ApiRefusal.IDEMPOTENCY_KEY_REUSED,
                               f"This {HEADER} was used for a different request; use a new key for a new request.")
             if existing.status_code is None:
-                return _error(409, "idempotency_key_in_use",
+                return _error(ApiRefusal.IDEMPOTENCY_KEY_IN_USE,
                               "A request with this key is still being answered; retry shortly.", Retry_After="1")
             return _replay(existing)
         try:

@@ -11,12 +11,14 @@ from django.contrib.auth import get_user_model
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from config.errors import CommonRefusal, WardenError
+from api.errors import not_found
 from access import policy as access
 from agents.selectors import run_agent_version
 from api import streams
 from api.approvals import ApprovalOut
 from api.base import (
-    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, Timestamp, errors, not_found,
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, StorableText, Timestamp, errors,
 )
 from api.tool_calls import ToolCallOut
 from approvals_app.selectors import approvals_of_run
@@ -316,7 +318,7 @@ def runs_cancel(request, run_id: uuid.UUID, payload: CancelIn | None = None):
     a write with an unknown outcome is reconciled first. 409 if the run already ended."""
     run = _visible_run(request, run_id)
     if not access.can_cancel_run(user=request.auth, run=run, even_if_ended=True):
-        raise ApiError(403, "not_permitted", "You may not cancel this run.")
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "You may not cancel this run.")
     run = run_cancel_request(run=run, acting_user=request.auth, reason=payload.reason if payload else "")
     run.refresh_from_db()
     return Status(202, run)
@@ -329,7 +331,7 @@ def runs_retry(request, run_id: uuid.UUID, payload: RetryIn | None = None):
     (never made twice). 409 unless the run failed or was cancelled and the session is idle."""
     run = _visible_run(request, run_id)
     if not access.can_cancel_run(user=request.auth, run=run, even_if_ended=True):
-        raise ApiError(403, "not_permitted", "You may not retry this run.")
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "You may not retry this run.")
     budgets = None
     if payload is not None and payload.budgets is not None:
         budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}

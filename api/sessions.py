@@ -8,8 +8,11 @@ from typing import Any, Literal
 
 from ninja import Field, Query, Router, Schema, Status
 
+from config.errors import CommonRefusal, WardenError
+from api.errors import not_found
+from agents.errors import AgentRefusal
 from api.base import (
-    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found,
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, StorableText, errors,
 )
 from access import policy as access
 from agents.selectors import agent_get
@@ -163,9 +166,9 @@ def sessions_create(request, payload: SessionIn):
     if payload.agent is not None:
         agent = agent_get(slug=payload.agent) if access.can_see_agents(user=request.auth) else None
         if agent is None:
-            raise ApiError(422, "unknown_agent", f"There is no agent {payload.agent!r}.",
-                           [{"field": "body.agent", "message": f"no agent {payload.agent!r} (GET /agents lists them)",
-                             "type": "unknown_agent"}])
+            raise WardenError(AgentRefusal.UNKNOWN_AGENT, f"There is no agent {payload.agent!r}.", fields=[
+                {"field": "body.agent", "message": f"no agent {payload.agent!r} (GET /agents lists them)",
+                 "type": AgentRefusal.UNKNOWN_AGENT.value}])
     session = session_open(owner=request.auth, title=payload.title, agent=agent)
     return Status(201, session_get(sessions=access.visible_sessions(user=request.auth), session_id=session.pk))
 
@@ -212,7 +215,7 @@ def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
     naming the cap, unless the caller has runs_app.exceed_budget_caps."""
     session = _visible_session(request, session_id)
     if not access.can_post_in_session(user=request.auth, session=session):
-        raise ApiError(403, "not_permitted", "Only the session's owner may post in it.")
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "Only the session's owner may post in it.")
     budgets = None
     if payload.budgets is not None:
         budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}

@@ -9,7 +9,10 @@ from typing import Any, Literal
 from django.core.exceptions import ObjectDoesNotExist
 from ninja import Field, Query, Router, Schema
 
-from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ApiError, StorableText, errors, not_found
+from tools_app.errors import ToolCallRefusal
+from config.errors import CommonRefusal, WardenError
+from api.errors import not_found
+from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, StorableText, errors
 from tools_app.models import Resolution, ToolCallStatus, ToolEffect
 from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
 from access import policy as access
@@ -103,9 +106,9 @@ def _visible_call(request, tool_call_id):
 def _reconcilable(request, tool_call_id):
     call = _visible_call(request, tool_call_id)
     if refusal := access.why_not_a_reconciler(user=request.auth, tool_call=call):
-        raise ApiError(403, "not_permitted", refusal)
+        raise WardenError(CommonRefusal.NOT_PERMITTED, refusal)
     if call.status != ToolCallStatus.UNKNOWN:
-        raise ApiError(409, "not_unknown", f"This tool call is {call.status}, not unknown; nothing to reconcile.")
+        raise WardenError(ToolCallRefusal.NOT_UNKNOWN, f"This tool call is {call.status}, not unknown; nothing to reconcile.")
     return call
 
 

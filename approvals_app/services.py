@@ -13,26 +13,6 @@ from approvals_app.transitions import check_approval_transition
 from runs_app.events import RunEventType
 
 
-class ApprovalError(Exception):
-    code = "approval_error"
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-class ApprovalNotPermitted(ApprovalError):
-    code = "not_permitted"
-
-
-class ApprovalAlreadyDecided(ApprovalError):
-    code = "already_decided"
-
-
-class ApprovalExpired(ApprovalAlreadyDecided):
-    code = "expired"
-
-
 # The event each outcome writes on the approval's run.
 APPROVAL_OUTCOME_EVENTS = {
     ApprovalStatus.APPROVED: RunEventType.APPROVAL_DECIDED,

@@ -11,9 +11,15 @@ from typing import Any
 
 from django.db.models import Q
 
+from config.errors import CommonRefusal, WardenError
 
-class InvalidCursor(ValueError):
-    """A cursor this server did not hand out (the API answers 422 invalid_cursor)."""
+
+class InvalidCursor(WardenError):
+    """A cursor this server did not hand out."""
+
+    def __init__(self, message: str):
+        super().__init__(CommonRefusal.INVALID_CURSOR, message,
+                         fields=[{"field": "query.cursor", "message": "invalid cursor", "type": "invalid_cursor"}])
 
 
 def cursor_encode(position: datetime, pk) -> str:

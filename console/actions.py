@@ -1,35 +1,26 @@
 """What the console's pages and its socket let a user do, shared by both so they never disagree:
 every check asks the access policy (access.policy), every change is an orchestration
-action (engine/actions/). A refusal is a ConsoleError with a machine-readable code."""
+action (engine/actions/). A refusal is a config.errors.WardenError, as everywhere."""
 
 import uuid
 
+from config.errors import CommonRefusal, WardenError
 from approvals_app.models import Approval
-from approvals_app.services import ApprovalError
+
 from config.storable import storable_text
 from config.throttling import user_write_throttled
 from engine.actions.approvals import approval_decide
-from engine.actions.cancel import RunNotCancellable, run_cancel_request
+from engine.actions.cancel import run_cancel_request
 from engine.actions.messages import PostResult, message_post
 from engine.actions.sessions import session_open
 from runs_app.models import Run
 from access import policy as access
 from sessions_app.models import InputMode, Session
-from sessions_app.services import MAX_MESSAGE_CHARS, SessionError
+from sessions_app.services import MAX_MESSAGE_CHARS
 
 # As the API's: a cancel reason and a decision note.
 CANCEL_REASON_CHARS = 300
 DECISION_NOTE_CHARS = 2000
-
-
-class ConsoleError(Exception):
-    """A refused console action, with a machine-readable code (sent as JSON on the socket,
-    shown as a message on the page)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def console_text(value, *, field: str, limit: int) -> str:
@@ -37,11 +28,11 @@ def console_text(value, *, field: str, limit: int) -> str:
     (length, no NUL, valid Unicode): a refusal, not a database error after the fact."""
     text = str(value or "").strip()
     if len(text) > limit:
-        raise ConsoleError("bad_request", f"The {field} may hold at most {limit} characters.")
+        raise WardenError(CommonRefusal.BAD_REQUEST, f"The {field} may hold at most {limit} characters.")
     try:
         return storable_text(text)
     except ValueError as error:
-        raise ConsoleError("bad_request", f"The {field} {error}.") from error
+        raise WardenError(CommonRefusal.BAD_REQUEST, f"The {field} {error}.") from error
 
 
 def uuid_or_none(value) -> uuid.UUID | None:
@@ -55,7 +46,7 @@ def console_write_counted(user) -> None:
     """Every change made in the console counts against the user's write limit, shared with the
     API (WARDEN_API_WRITE_RATE_PER_USER): over it, the change is refused and nothing is written."""
     if (retry_after := user_write_throttled(user)) is not None:
-        raise ConsoleError("throttled", f"Too many changes in a short time (rate limit); try again in {retry_after} s.")
+        raise WardenError(CommonRefusal.THROTTLED, f"Too many changes in a short time (rate limit); try again in {retry_after} s.")
 
 
 def console_session_create(*, user, title, agent=None) -> Session:
@@ -70,7 +61,7 @@ def console_session_get(*, user, session_id) -> Session:
     pk = uuid_or_none(session_id)
     session = Session.objects.filter(pk=pk).select_related("owner").first() if pk else None
     if session is None or not access.can_see_session(user=user, session=session):
-        raise ConsoleError("not_found", "No such session.")
+        raise WardenError(CommonRefusal.NOT_FOUND, "No such session.")
     return session
 
 
@@ -78,44 +69,35 @@ def console_run_get(*, user, run_id) -> Run:
     pk = uuid_or_none(run_id)
     run = Run.objects.filter(pk=pk).select_related("session", "cancel_requested_by").first() if pk else None
     if run is None or not access.can_see_run(user=user, run=run):
-        raise ConsoleError("not_found", "No such run.")
+        raise WardenError(CommonRefusal.NOT_FOUND, "No such run.")
     return run
 
 
 def console_message_post(*, user, session_id, content: str, mode: str) -> PostResult:
     session = console_session_get(user=user, session_id=session_id)
     if not access.can_post_in_session(user=user, session=session):
-        raise ConsoleError("forbidden", "Only the session's owner can write in it.")
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "Only the session's owner can write in it.")
     content = console_text(content, field="message", limit=MAX_MESSAGE_CHARS)
     console_write_counted(user)
-    try:
-        return message_post(session=session, content=content, mode=mode or InputMode.AUTO, acting_user=user)
-    except SessionError as error:
-        raise ConsoleError(error.code, error.message) from error
+    return message_post(session=session, content=content, mode=mode or InputMode.AUTO, acting_user=user)
 
 
 def console_run_cancel(*, user, run_id, reason: str = "") -> Run:
     run = console_run_get(user=user, run_id=run_id)
     if not access.can_cancel_run(user=user, run=run, even_if_ended=True):
-        raise ConsoleError("forbidden", "Only the session's owner or an operator can cancel this run.")
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "Only the session's owner or an operator can cancel this run.")
     reason = console_text(reason, field="reason", limit=CANCEL_REASON_CHARS)
     console_write_counted(user)
-    try:
-        return run_cancel_request(run=run, acting_user=user, reason=reason or "cancelled from the console")
-    except RunNotCancellable as error:
-        raise ConsoleError(error.code, error.message) from error
+    return run_cancel_request(run=run, acting_user=user, reason=reason or "cancelled from the console")
 
 
 def console_approval_decide(*, user, approval_id, decision: str, note: str = "") -> Approval:
     pk = uuid_or_none(approval_id)
     approval = Approval.objects.select_related("run__session").filter(pk=pk).first() if pk else None
     if approval is None or not access.can_see_approval(user=user, approval=approval):
-        raise ConsoleError("not_found", "No such approval.")
+        raise WardenError(CommonRefusal.NOT_FOUND, "No such approval.")
     if decision not in ("approve", "reject"):
-        raise ConsoleError("bad_request", "decision must be 'approve' or 'reject'.")
+        raise WardenError(CommonRefusal.BAD_REQUEST, "decision must be 'approve' or 'reject'.")
     note = console_text(note, field="note", limit=DECISION_NOTE_CHARS)
     console_write_counted(user)
-    try:
-        return approval_decide(approval=approval, decision=decision, note=note, acting_user=user)
-    except ApprovalError as error:
-        raise ConsoleError(error.code, error.message) from error
+    return approval_decide(approval=approval, decision=decision, note=note, acting_user=user)

@@ -37,13 +37,14 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 
+from console.errors import ConsoleRefusal
+from config.errors import CommonRefusal, WardenError
 from operations import liveness
 from runs_app.events import LiveDeltaKind, RunEventType, event_payload_for_customer
 from runs_app.live import session_group
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepKind, StepStatus
 from access import policy as access
 from console.actions import (
-    ConsoleError,
     console_approval_decide,
     console_message_post,
     console_run_cancel,
@@ -101,12 +102,12 @@ def _parse_after(value) -> dict[str, int]:
     if value in (None, ""):
         return {}
     if not isinstance(value, dict) or len(value) > MAX_AFTER_ENTRIES:
-        raise ConsoleError("bad_request", "'after' must map run ids to the last seq seen.")
+        raise WardenError(CommonRefusal.BAD_REQUEST, "'after' must map run ids to the last seq seen.")
     after = {}
     for run_id, seq in value.items():
         pk = uuid_or_none(run_id)
         if pk is None or not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-            raise ConsoleError("bad_request", "'after' must map run ids to the last seq seen.")
+            raise WardenError(CommonRefusal.BAD_REQUEST, "'after' must map run ids to the last seq seen.")
         after[str(pk)] = seq
     return after
 
@@ -176,7 +177,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         for session_id in session_ids:
             try:
                 console_session_get(user=user, session_id=session_id)
-            except ConsoleError:
+            except WardenError:
                 lost.append(session_id)
         return user, lost
 
@@ -184,13 +185,13 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         try:
             content = json.loads(text_data or "")
         except ValueError:
-            await self._send_error(ConsoleError("bad_request", "Messages must be JSON objects."), {})
+            await self._send_error(WardenError(CommonRefusal.BAD_REQUEST, "Messages must be JSON objects."), {})
             return
         await self.receive_json(content)
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict):
-            await self._send_error(ConsoleError("bad_request", "Messages must be JSON objects."), {})
+            await self._send_error(WardenError(CommonRefusal.BAD_REQUEST, "Messages must be JSON objects."), {})
             return
         handler = {
             "subscribe": self._subscribe,
@@ -201,16 +202,16 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         }.get(content.get("action"))
         try:
             if handler is None:
-                raise ConsoleError("unknown_action", "action must be subscribe, unsubscribe, post, cancel or decide.")
+                raise WardenError(ConsoleRefusal.UNKNOWN_ACTION, "action must be subscribe, unsubscribe, post, cancel or decide.")
             await handler(content)
-        except ConsoleError as error:
+        except WardenError as error:
             await self._send_error(error, content)
         except Exception:  # noqa: BLE001 - the client gets an answer; the details go to the log
             logger.exception("console action %r failed", content.get("action"))
-            await self._send_error(ConsoleError("internal_error", "The server could not do that."), content)
+            await self._send_error(WardenError(CommonRefusal.INTERNAL_ERROR, "The server could not do that."), content)
 
-    async def _send_error(self, error: ConsoleError, content: dict) -> None:
-        await self.send_json({"type": "error", "code": error.code, "message": error.message,
+    async def _send_error(self, error: WardenError, content: dict) -> None:
+        await self.send_json({"type": "error", **error.body(),
                               "action": content.get("action"), "ref": content.get("ref")})
 
     # --- actions ------------------------------------------------------------------------------

@@ -19,12 +19,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django.views.static import serve
 
+from config.errors import CommonRefusal, WardenError
+from agents.errors import AgentRefusal
 from approvals_app.models import Approval
 from runs_app.models import ACTIVE_STATUSES, Run
 from agents.selectors import agent_get, agent_list
 from access import policy as access
 from console.actions import (
-    ConsoleError,
     console_approval_decide,
     console_message_post,
     console_run_cancel,
@@ -111,11 +112,11 @@ def console_session_new(request):
     if request.POST.get("agent"):
         agent = agent_get(slug=request.POST["agent"]) if access.can_see_agents(user=request.user) else None
         if agent is None:
-            _flash_error(request, ConsoleError("unknown_agent", "There is no such agent; pick one from the list."))
+            _flash_error(request, WardenError(AgentRefusal.UNKNOWN_AGENT, "There is no such agent; pick one from the list."))
             return redirect("console:home")
     try:
         session = console_session_create(user=request.user, title=request.POST.get("title"), agent=agent)
-    except ConsoleError as error:
+    except WardenError as error:
         _flash_error(request, error)
         return redirect("console:home")
     return redirect("console:session", session_id=session.pk)
@@ -126,7 +127,7 @@ def console_session_new(request):
 def console_session(request, session_id):
     try:
         session = console_session_get(user=request.user, session_id=session_id)
-    except ConsoleError as error:
+    except WardenError as error:
         raise Http404(error.message) from error
     viewer = request.user
     session_runs = Run.objects.filter(session=session) if access.can_see_runs_of(user=viewer, session=session) else Run.objects.none()
@@ -169,7 +170,7 @@ def console_run(request, run_id):
     refresh: a new run appeared, a run ended, or its timeline changed."""
     try:
         run = console_run_get(user=request.user, run_id=run_id)
-    except ConsoleError as error:
+    except WardenError as error:
         raise Http404(error.message) from error
     with consistent_snapshot():
         run = Run.objects.select_related("session", "cancel_requested_by").get(pk=run.pk)
@@ -203,7 +204,7 @@ def console_favicon(request):
     return response
 
 
-def _flash_error(request, error: ConsoleError) -> None:
+def _flash_error(request, error: WardenError) -> None:
     flash.error(request, f"{error.message} ({error.code})")
 
 
@@ -216,8 +217,8 @@ def console_message_post_view(request, session_id):
             user=request.user, session_id=session_id, content=request.POST.get("content", ""),
             mode=request.POST.get("mode") or InputMode.AUTO,
         )
-    except ConsoleError as error:
-        if error.code == "not_found":
+    except WardenError as error:
+        if error.code is CommonRefusal.NOT_FOUND:
             raise Http404(error.message) from error
         _flash_error(request, error)
     return redirect("console:session", session_id=session_id)
@@ -228,8 +229,8 @@ def console_message_post_view(request, session_id):
 def console_run_cancel_view(request, run_id):
     try:
         run = console_run_cancel(user=request.user, run_id=run_id, reason=request.POST.get("reason", ""))
-    except ConsoleError as error:
-        if error.code == "not_found":
+    except WardenError as error:
+        if error.code is CommonRefusal.NOT_FOUND:
             raise Http404(error.message) from error
         _flash_error(request, error)
         run = Run.objects.get(pk=run_id)
@@ -244,8 +245,8 @@ def console_approval_decide_view(request, approval_id):
             user=request.user, approval_id=approval_id, decision=request.POST.get("decision", ""),
             note=request.POST.get("note", ""),
         )
-    except ConsoleError as error:
-        if error.code == "not_found":
+    except WardenError as error:
+        if error.code is CommonRefusal.NOT_FOUND:
             raise Http404(error.message) from error
         _flash_error(request, error)
         approval = Approval.objects.select_related("run").get(pk=approval_id)

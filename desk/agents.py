@@ -15,6 +15,7 @@ from desk.base import ReadOnlyAdmin, ReadOnlyInline
 from desk.display import pretty_json
 from engine.actions.agents import agent_definition_of, agent_save
 
+
 def _json_field(label: str, help_text: str) -> forms.CharField:
     return forms.CharField(label=label, required=False, help_text=help_text,
                            widget=forms.Textarea(attrs={"rows": 6, "cols": 90, "class": "vLargeTextField"}))

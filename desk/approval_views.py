@@ -14,7 +14,9 @@ from django.urls import reverse
 
 from desk.display import amount_of, compact_arguments, countdown, time_to_expiry
 from approvals_app.models import Approval, ApprovalStatus
-from approvals_app.services import ApprovalAlreadyDecided, ApprovalError, ApprovalNotPermitted, approval_approvers
+from approvals_app.errors import ApprovalRefusal
+from approvals_app.services import approval_approvers
+from config.errors import WardenError
 from engine.actions.approvals import approval_decide
 from access import policy as access
 from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, decision_text
@@ -71,15 +73,13 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
         try:
             approval_decide(approval=approval, decision=decision, note=form.cleaned_data["note"], acting_user=request.user,
                             customer_message=form.cleaned_data.get("customer_message", ""))
-        except ApprovalNotPermitted as error:
-            messages.error(request, error.message)
-            status = 403
-        except ApprovalAlreadyDecided as error:
-            messages.warning(request, error.message)
-            return HttpResponseRedirect(change_url)
-        except ApprovalError as error:
-            messages.error(request, error.message)
-            return HttpResponseRedirect(change_url)
+        except WardenError as error:
+            if error.code is ApprovalRefusal.NOT_PERMITTED:
+                messages.error(request, error.message)
+                status = 403
+            else:
+                (messages.warning if error.code is ApprovalRefusal.ALREADY_DECIDED else messages.error)(request, error.message)
+                return HttpResponseRedirect(change_url)
         else:
             approval.refresh_from_db(fields=["status"])
             if approval.status == ApprovalStatus.PENDING:
@@ -141,7 +141,7 @@ def approvals_decide_action(model_admin, request, queryset, *, decision: str):
             try:
                 approval_decide(approval=approval, decision=decision, note=form.cleaned_data["note"], acting_user=request.user,
                                 customer_message=form.cleaned_data.get("customer_message", ""))
-            except ApprovalError as error:
+            except WardenError as error:
                 messages.warning(request, f"Not {decision}d — {approval.tool_call.tool_name} "
                                           f"({compact_arguments(approval.tool_call.arguments)}): {error.message}")
                 continue

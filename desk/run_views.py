@@ -10,8 +10,9 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from engine.actions.cancel import RunNotCancellable, run_cancel_request
-from engine.actions.runs import RunNotRetryable, run_retry
+from config.errors import WardenError
+from engine.actions.cancel import run_cancel_request
+from engine.actions.runs import run_retry
 from runs_app.models import Run, RunStatus, WaitReason
 from access import policy as access
 
@@ -40,7 +41,7 @@ def runs_cancel(request, *, runs, reason: str) -> None:
             continue
         try:
             run = run_cancel_request(run=run, acting_user=request.user, reason=reason)
-        except RunNotCancellable as error:
+        except WardenError as error:
             messages.warning(request, f"Run {run.pk}: {error.message}")
             continue
         messages.success(request, cancel_outcome(run))
@@ -101,7 +102,7 @@ def runs_retry_action(model_admin, request, queryset):
             continue
         try:
             retry = run_retry(run=run, acting_user=request.user, reason="retried from the desk")
-        except RunNotRetryable as error:
+        except WardenError as error:
             messages.warning(request, f"Run {run.pk}: {error.message}")
             continue
         messages.success(request, f"Run {run.pk} is retried as run {retry.pk}.")

@@ -14,7 +14,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from desk.display import compact_arguments, pretty_json
-from engine.actions.reconciliation import ReconcileError, tool_call_reconcile_auto, tool_call_resolve
+from config.errors import WardenError
+from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
+from tools_app.errors import ToolCallRefusal
 from access import policy as access
 from tools_app.models import Resolution, ToolCall
 
@@ -119,11 +121,11 @@ def tool_call_resolve_view(request, *, model_admin, object_id: str):
                 tool_call=call, applied=applied, evidence=form.cleaned_data["evidence"],
                 acting_user=request.user, result=form.cleaned_data["result"],
             )
-        except ReconcileError as error:
-            if error.code == "not_unknown":
+        except WardenError as error:
+            if error.code is ToolCallRefusal.NOT_UNKNOWN:
                 messages.warning(request, error.message)
                 return HttpResponseRedirect(reverse("admin:tools_app_toolcall_change", args=[call.pk]))
-            if error.code == "evidence_required":
+            if error.code is ToolCallRefusal.EVIDENCE_REQUIRED:
                 form.add_error("evidence", error.message)
                 status = 400
             else:
@@ -176,7 +178,7 @@ def query_downstream(request, call: ToolCall) -> str:
     """Ask the downstream system about one call and tell the operator what it said."""
     try:
         outcome = tool_call_reconcile_auto(tool_call=call, acting_user=request.user)
-    except ReconcileError as error:
+    except WardenError as error:
         messages.warning(request, f"{call.tool_name} {call.pk}: {error.message}")
         return "error"
     if outcome == "resolved":

@@ -7,6 +7,9 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from config.errors import WardenError
+from runs_app.errors import RunRefusal
+
 
 @dataclass(frozen=True)
 class BudgetOverCap:
@@ -18,15 +21,19 @@ class BudgetOverCap:
     setting: str  # the setting (environment variable) that holds the cap
 
 
-class RunBudgetsOverCap(Exception):
-    code = "budget_over_cap"
+class RunBudgetsOverCap(WardenError):
+    """Requested budgets above their caps, each named in `fields`."""
 
     def __init__(self, over: list[BudgetOverCap]):
         self.over = over
-        self.message = "; ".join(
-            f"budgets.{o.field} may be at most {o.cap} (the cap {o.setting}), not {o.requested}" for o in over
-        ) + ". Going above a cap needs the runs_app.exceed_budget_caps permission."
-        super().__init__(self.message)
+        super().__init__(
+            RunRefusal.BUDGET_OVER_CAP,
+            "; ".join(f"budgets.{o.field} may be at most {o.cap} (the cap {o.setting}), not {o.requested}" for o in over)
+            + ". Going above a cap needs the runs_app.exceed_budget_caps permission.",
+            fields=[{"field": f"body.budgets.{o.field}", "type": RunRefusal.BUDGET_OVER_CAP.value,
+                     "message": f"at most {o.cap} (the cap {o.setting}) without the runs_app.exceed_budget_caps permission"}
+                    for o in over],
+        )
 
 
 def run_budgets_over_caps(*, budgets: dict[str, Any], agent_version=None) -> list[BudgetOverCap]:

@@ -1,22 +1,33 @@
 """Allowed run and step transitions, as data (SPEC §2). The database's check constraints back
 these tables up; terminal statuses have no way out."""
 
+from config.errors import CommonRefusal, WardenError
 from runs_app.models import RunStatus, StepStatus
 
 
-class IllegalTransition(Exception):
-    """A transition the table does not allow. Nothing was written."""
+class IllegalTransition(WardenError):
+    """A transition the table does not allow. Nothing was written. Met by a request, it means the
+    object changed meanwhile (a conflict)."""
 
     def __init__(self, kind: str, from_status: str, to_status: str):
-        super().__init__(f"illegal {kind} transition {from_status} → {to_status}")
+        super().__init__(CommonRefusal.CONFLICT,
+                         f"The {kind} changed state meanwhile: illegal {kind} transition {from_status} → {to_status}.")
         self.kind = kind
         self.from_status = from_status
         self.to_status = to_status
 
 
-class LeaseLost(Exception):
+class LeaseLost(WardenError):
     """The worker no longer holds the run's lease (another worker took over, or the run was
-    revoked). The transaction is rolled back; the worker must stop driving the run."""
+    revoked). The transaction is rolled back; the worker must stop driving the run. Met by a
+    request, it means the run changed meanwhile (a conflict)."""
+
+    def __init__(self, detail: str = ""):
+        super().__init__(CommonRefusal.CONFLICT, "The run changed meanwhile; read it again and retry.")
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail or self.message
 
 
 S = RunStatus

@@ -3,17 +3,12 @@ may start or steer a run, is the orchestration layer's (engine/actions/messages.
 
 from django.db import connection
 
+from config.errors import WardenError
+from sessions_app.errors import SessionRefusal
 from sessions_app.models import InputMode, Message, Session
 
 # The longest message a user may post (API, console page and socket alike).
 MAX_MESSAGE_CHARS = 20_000
-
-
-class SessionError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def session_create(*, owner, title: str = "", agent=None) -> Session:
@@ -48,11 +43,11 @@ def message_text_checked(*, content: str, mode: str) -> str:
     """The text a user posts, refused before anything is written when it cannot be stored."""
     content = (content or "").strip()
     if not content:
-        raise SessionError("empty_message", "A message needs some text.")
+        raise WardenError(SessionRefusal.EMPTY_MESSAGE, "A message needs some text.")
     if len(content) > MAX_MESSAGE_CHARS:
-        raise SessionError("message_too_long", f"A message may hold at most {MAX_MESSAGE_CHARS} characters.")
+        raise WardenError(SessionRefusal.MESSAGE_TOO_LONG, f"A message may hold at most {MAX_MESSAGE_CHARS} characters.")
     if mode not in InputMode.values:
-        raise SessionError("invalid_mode", f"Unknown mode {mode!r}; use one of {', '.join(InputMode.values)}.")
+        raise WardenError(SessionRefusal.INVALID_MODE, f"Unknown mode {mode!r}; use one of {', '.join(InputMode.values)}.")
     return content
 
 

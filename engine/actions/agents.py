@@ -5,22 +5,16 @@ who, in one transaction. Runs keep the version they started with; the next run t
 
 from django.db import transaction
 
-from approvals_app.services import audit_record
-from agents.definitions import AgentDefinitionInvalid, agent_definition_check
-from agents.models import Agent, AgentVersion
 from access import policy as access
+from agents.definitions import AgentDefinitionInvalid, agent_definition_check
+from agents.errors import AgentRefusal
+from agents.models import Agent, AgentVersion
+from approvals_app.services import audit_record
+from config.errors import WardenError
 
 # The definition's fields as an AgentVersion stores them.
 VERSION_FIELDS = ("name", "instructions", "provider", "model", "provider_options", "tools", "budgets", "budget_limits",
                   "approval_rules", "interjection_classifier")
-
-
-class AgentNotPermitted(Exception):
-    code = "not_permitted"
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
 
 
 def agent_definition_of(version: AgentVersion | None) -> dict:
@@ -32,10 +26,10 @@ def agent_definition_of(version: AgentVersion | None) -> dict:
 
 def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> AgentVersion:
     """Create the agent (without `agent`) or give it a new version. AgentDefinitionInvalid names
-    every wrong field, AgentNotPermitted refuses a caller without agents.change_agent; in either
-    case nothing is written."""
+    every wrong field, a caller without agents.change_agent is refused (AgentRefusal.NOT_PERMITTED);
+    in either case nothing is written."""
     if not access.can_manage_agents(user=acting_user):
-        raise AgentNotPermitted("Defining agents needs the agents.change_agent permission.")
+        raise WardenError(AgentRefusal.NOT_PERMITTED, "Defining agents needs the agents.change_agent permission.")
     if agent is not None:
         definition = {**definition, "slug": agent.slug}
     clean = agent_definition_check(definition)

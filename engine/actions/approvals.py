@@ -10,12 +10,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.timesince import timesince, timeuntil
 
+from approvals_app.errors import ApprovalRefusal
 from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
 from approvals_app.services import (
-    ApprovalAlreadyDecided,
-    ApprovalError,
-    ApprovalExpired,
-    ApprovalNotPermitted,
     approval_approvers,
     approval_create,
     approval_decision_record,
@@ -23,6 +20,7 @@ from approvals_app.services import (
     audit_record,
 )
 from access import policy as access
+from config.errors import WardenError
 from engine.actions.runs import run_resume
 from engine.state import approval_close, run_event_append, run_transition, tool_call_transition
 from runs_app.events import RunEventType
@@ -59,25 +57,27 @@ def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token:
 
 def approval_decide(*, approval: Approval, decision: str, note: str = "", acting_user, customer_message: str = "") -> Approval:
     """Approve or reject. Exactly one decision is recorded even when many people click at once
-    (a conditional UPDATE on `pending`); the others get ApprovalAlreadyDecided naming the winner.
+    (a conditional UPDATE on `pending`); the others are refused (ApprovalRefusal.ALREADY_DECIDED) naming the winner.
     Audited. Approval resumes the same run; rejection cancels the tool call and tells the model
     so — in plain words, with `customer_message` if the decider gave one; the `note` is the
     decider's own, for the desk and the audit trail, and the model never sees it."""
     if decision not in ("approve", "reject"):
-        raise ApprovalError(f"decision must be 'approve' or 'reject', not {decision!r}")
+        raise WardenError(ApprovalRefusal.INVALID_DECISION, f"decision must be 'approve' or 'reject', not {decision!r}")
     customer_message = " ".join((customer_message or "").split())
     if len(customer_message) > CUSTOMER_MESSAGE_CHARS:
-        raise ApprovalError(f"The message for the customer may hold at most {CUSTOMER_MESSAGE_CHARS} characters.")
+        raise WardenError(ApprovalRefusal.INVALID_DECISION,
+                          f"The message for the customer may hold at most {CUSTOMER_MESSAGE_CHARS} characters.")
     approval = Approval.objects.select_related("run__session", "tool_call").get(pk=approval.pk)
     refusal = access.why_not_a_decider(user=acting_user, approval=approval)
     if refusal:
-        raise (ApprovalAlreadyDecided if access.has_approved(user=acting_user, approval=approval) else ApprovalNotPermitted)(refusal)
+        raise WardenError(ApprovalRefusal.ALREADY_DECIDED if access.has_approved(user=acting_user, approval=approval)
+                          else ApprovalRefusal.NOT_PERMITTED, refusal)
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # Past its expiry a request can no longer be approved, even if the sweeper has not
         # closed it yet: close it now and say so.
         approval_expire(approval=approval)
-        raise ApprovalExpired(f"This request expired at {_clock(approval.expires_at)} ({_ago(approval.expires_at)}); "
-                              "it can no longer be decided.")
+        raise WardenError(ApprovalRefusal.EXPIRED, f"This request expired at {_clock(approval.expires_at)} "
+                                                   f"({_ago(approval.expires_at)}); it can no longer be decided.")
     to = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
     with transaction.atomic():
         session_lock(session_id=approval.run.session_id)  # before the run's row: see session_lock
@@ -85,7 +85,7 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         # counted here is exact, so a quorum is reached once and executes once.
         if approval.required_approvals > 1 and approval.status == ApprovalStatus.PENDING:
             if ApprovalDecision.objects.filter(approval_id=approval.pk, decided_by_id=acting_user.pk).exists():
-                raise ApprovalAlreadyDecided(access.ALREADY_APPROVED)
+                raise WardenError(ApprovalRefusal.ALREADY_DECIDED, access.ALREADY_APPROVED)
             if Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).exists():
                 approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
                 approved = len(approval_approvers(approval=approval))
@@ -100,7 +100,7 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
             current = Approval.objects.select_related("decided_by").get(pk=approval.pk)
             who = current.decided_by.get_username() if current.decided_by_id else "nobody (the clock)"
             when = f" at {_clock(current.decided_at)} ({_ago(current.decided_at)})" if current.decided_at else ""
-            raise ApprovalAlreadyDecided(f"Already {current.status} by {who}{when}.")
+            raise WardenError(ApprovalRefusal.ALREADY_DECIDED, f"Already {current.status} by {who}{when}.")
         after = {"status": to} | ({"customer_message": customer_message} if customer_message else {})
         if approval.required_approvals > 1:
             after["approved_by"] = approval_approvers(approval=approval)

@@ -8,20 +8,14 @@ reconciled first. Effects already applied are listed, never rolled back silently
 from django.db import transaction
 
 from approvals_app.services import audit_record
+from config.errors import WardenError
 from engine.actions.runs import run_end
 from engine.state import run_cancel_request as run_cancel_request_record
 from engine.state import run_row_lock
+from runs_app.errors import RunRefusal
 from runs_app.models import TERMINAL_STATUSES, Run, RunStatus, WaitReason
 from sessions_app.services import session_lock
 from tools_app.selectors import writes_in_doubt
-
-
-class RunNotCancellable(Exception):
-    code = "run_terminal"
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
 
 
 def run_cancel_request(*, run: Run, acting_user, reason: str = "") -> Run:
@@ -32,7 +26,7 @@ def run_cancel_request(*, run: Run, acting_user, reason: str = "") -> Run:
         session_lock(session_id=run.session_id)  # before the run's row, as posting input does
         run = run_row_lock(run_id=run.pk)
         if run.status in TERMINAL_STATUSES:
-            raise RunNotCancellable(f"The run is already {run.status}.")
+            raise WardenError(RunRefusal.RUN_TERMINAL, f"The run is already {run.status}.")
         if run_cancel_request_record(run=run, by_id=getattr(acting_user, "pk", None),
                                      by_username=acting_user.get_username() if acting_user else None, reason=reason):
             run.cancel_requested_by = acting_user

@@ -10,11 +10,13 @@ from django.utils import timezone
 
 from access import policy as access
 from approvals_app.services import audit_record
+from config.errors import WardenError
 from engine.actions.runs import run_resume
 from engine.state import run_event_append, tool_call_transition
 from runs_app.events import RunEventType
 from runs_app.models import Run, WaitReason
 from sessions_app.services import messages_append, session_lock
+from tools_app.errors import ToolCallRefusal
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 from tools_app.outcomes import code_text
 from tools_app.registry import ToolContext, tool_get
@@ -25,13 +27,6 @@ logger = logging.getLogger("warden.reconcile")
 # Automatic reconciliation gives up after this many inconclusive lookups; then the call waits
 # in the operators' unknown-calls queue.
 RECONCILE_MAX_AUTO_ATTEMPTS = 8
-
-
-class ReconcileError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
@@ -100,9 +95,9 @@ def _give_up(*, tool_call: ToolCall, reason: str, changes: dict) -> None:
 def _check_reconciler(acting_user, tool_call: ToolCall) -> None:
     """The policy's answer (permission, four eyes), then the call's state."""
     if refusal := access.why_not_a_reconciler(user=acting_user, tool_call=tool_call):
-        raise ReconcileError("not_permitted", refusal)
+        raise WardenError(ToolCallRefusal.NOT_PERMITTED, refusal)
     if refusal := access.why_cannot_reconcile(user=acting_user, tool_call=tool_call):
-        raise ReconcileError("not_unknown", refusal)
+        raise WardenError(ToolCallRefusal.NOT_UNKNOWN, refusal)
 
 
 def _within_grace(tool_call: ToolCall) -> bool:
@@ -115,9 +110,9 @@ def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acti
     needs the permission, may not be the session's owner (four eyes) and must give evidence; the
     decision is audited. The run resumes once none of its calls is unknown."""
     if acting_user is not None and (refusal := access.why_not_a_reconciler(user=acting_user, tool_call=tool_call)):
-        raise ReconcileError("not_permitted", refusal)
+        raise WardenError(ToolCallRefusal.NOT_PERMITTED, refusal)
     if not (evidence or "").strip():
-        raise ReconcileError("evidence_required", "Evidence is required to record an outcome.")
+        raise WardenError(ToolCallRefusal.EVIDENCE_REQUIRED, "Evidence is required to record an outcome.")
     to = ToolCallStatus.SUCCEEDED if applied else ToolCallStatus.FAILED
     now = timezone.now()
     values = {
@@ -138,7 +133,7 @@ def tool_call_resolve(*, tool_call: ToolCall, applied: bool, evidence: str, acti
         session_lock(session_id=session_id)  # before the run's row, as every change from outside the worker
         if tool_call.status != ToolCallStatus.UNKNOWN or not tool_call_transition(tool_call=tool_call, to=to, **values):
             current = ToolCall.objects.get(pk=tool_call.pk)
-            raise ReconcileError("not_unknown", f"This tool call is {current.status}, not unknown; nothing to reconcile.")
+            raise WardenError(ToolCallRefusal.NOT_UNKNOWN, f"This tool call is {current.status}, not unknown; nothing to reconcile.")
         messages_append(session_id=session_id, messages=[tool_call_message(tool_call)])
         run_event_append(run_id=tool_call.run_id, events=[
             tool_call_event(tool_call, resolution=values["resolution"], evidence=values["evidence"])])

@@ -12,11 +12,13 @@ from agents.selectors import agent_current_version
 from approvals_app.models import Approval, ApprovalStatus
 from approvals_app.selectors import run_outcome
 from approvals_app.services import audit_record
+from config.errors import WardenError
 from engine.queue import run_enqueue
 from engine.state import (
     approval_close, input_consume, run_create, run_ending_outcome, run_event_append, run_row_lock, run_transition,
     step_discard, tool_call_transition,
 )
+from runs_app.errors import RunRefusal
 from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
 from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps
@@ -25,14 +27,6 @@ from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.selectors import applied_effects, writes_in_doubt
 from tools_app.services import tool_call_message
-
-
-class RunNotRetryable(Exception):
-    code = "not_retryable"
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
 
 
 class WriteInDoubt(RuntimeError):
@@ -82,9 +76,9 @@ def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str
         session_lock(session_id=run.session_id)
         run = run_row_lock(run_id=run.pk)
         if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
-            raise RunNotRetryable(f"Only a failed or cancelled run can be retried; this one is {run.status}.")
+            raise WardenError(RunRefusal.NOT_RETRYABLE, f"Only a failed or cancelled run can be retried; this one is {run.status}.")
         if Run.objects.filter(session_id=run.session_id, status__in=ACTIVE_STATUSES).exists():
-            raise RunNotRetryable("The session has an active run; retry once it has ended.")
+            raise WardenError(RunRefusal.NOT_RETRYABLE, "The session has an active run; retry once it has ended.")
         limits = {"max_model_calls": run.max_model_calls, "max_tokens": run.max_tokens, **(budgets or {})}
         # The retry goes on with what the run was started with: its agent version too.
         retry = run_create(session=run.session, created_by=acting_user, provider=run.provider,

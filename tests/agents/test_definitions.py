@@ -7,7 +7,8 @@ from django.db import IntegrityError, InternalError, transaction
 from django.test import Client
 
 from approvals_app.models import AuditEntry
-from engine.actions.agents import AgentNotPermitted
+from agents.errors import AgentRefusal
+from config.errors import WardenError
 from agents.definitions import AgentDefinitionInvalid, agent_definition_check, approval_rule_match
 from agents.models import Agent, AgentVersion
 from sessions_app.models import Session
@@ -108,8 +109,9 @@ def test_every_save_is_a_new_immutable_version_and_audited(agent_admin):
 
 
 def test_without_the_permission_nothing_is_defined(db):
-    with pytest.raises(AgentNotPermitted):
+    with pytest.raises(WardenError) as refused:
         define(refund_agent(), by=UserFactory(username="nobody", is_staff=True))
+    assert refused.value.code is AgentRefusal.NOT_PERMITTED
     assert not Agent.objects.exists()
 
 

@@ -114,7 +114,7 @@ def test_an_operator_may_watch_any_session_but_not_write_in_it(procs):
         subscribed = console.subscribe(session.pk)
         assert subscribed["runs"] == {str(run.pk): 1}
         console.send(action="post", session=str(session.pk), content="not mine", ref="p")
-        assert console.until(lambda m: m.get("ref") == "p")["code"] == "forbidden"
+        assert console.until(lambda m: m.get("ref") == "p")["code"] == "not_permitted"
 
 
 def test_an_open_console_leaves_what_its_user_may_no_longer_see_and_closes_on_logout(procs):

@@ -12,7 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalStatus, AuditEntry
-from approvals_app.services import ApprovalNotPermitted
+from approvals_app.errors import ApprovalRefusal
+from config.errors import WardenError
 from engine.actions.approvals import approval_decide
 from runs_app.models import Run, RunEvent, RunStatus
 from sessions_app.models import Message, MessageRole
@@ -172,16 +173,18 @@ def test_staff_without_the_permission_sees_no_buttons_and_cannot_decide(viewer, 
     assert not AuditEntry.objects.exists()
     assert Run.objects.get(pk=pending_refund.run.pk).status == RunStatus.WAITING
     # The service refuses on its own, whatever the interface.
-    with pytest.raises(ApprovalNotPermitted):
+    with pytest.raises(WardenError) as refused:
         approval_decide(approval=approval, decision="approve", note="", acting_user=viewer)
+    assert refused.value.code is ApprovalRefusal.NOT_PERMITTED
 
 
 def test_four_eyes_an_operator_cannot_approve_a_refund_from_their_own_session(operator):
     approval = ApprovalFactory(tool_call__step__run__session=SessionFactory(owner=operator))
     client = csrf_client(operator)
     assert client.get(approve_url(approval)).status_code == 403
-    with pytest.raises(ApprovalNotPermitted):
+    with pytest.raises(WardenError) as refused:
         approval_decide(approval=approval, decision="approve", note="", acting_user=operator)
+    assert refused.value.code is ApprovalRefusal.NOT_PERMITTED
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.PENDING
 

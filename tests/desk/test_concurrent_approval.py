@@ -7,7 +7,8 @@ import pytest
 from django.db import connection
 
 from approvals_app.models import ApprovalStatus, AuditEntry
-from approvals_app.services import ApprovalAlreadyDecided
+from approvals_app.errors import ApprovalRefusal
+from config.errors import WardenError
 from engine.actions.approvals import approval_decide
 from runs_app.models import RunEvent
 from tests.desk.conftest import staff_user
@@ -27,7 +28,8 @@ def test_concurrent_approval_clicks_record_exactly_one_decision(pending_refund):
             barrier.wait()
             approval_decide(approval=pending_refund.approval, decision="approve", note=f"by {operator.username}", acting_user=operator)
             outcomes[operator.username] = "won"
-        except ApprovalAlreadyDecided as error:
+        except WardenError as error:
+            assert error.code is ApprovalRefusal.ALREADY_DECIDED
             outcomes[operator.username] = error.message
         finally:
             connection.close()

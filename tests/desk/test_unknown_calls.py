@@ -17,7 +17,8 @@ from sessions_app.models import Message, MessageRole
 from tests.desk.conftest import csrf_client, csrf_token_of, messages_of
 from tools_app import registry
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
-from engine.actions.reconciliation import ReconcileError, tool_call_reconcile_auto, tool_call_resolve
+from config.errors import WardenError
+from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
 from tools_app.registry import Reconciled
 
 pytestmark = pytest.mark.django_db
@@ -147,7 +148,7 @@ def test_the_outcome_form_requires_evidence_and_a_valid_result(reconciler, unkno
 
 
 def test_the_service_itself_requires_evidence(reconciler, unknown_refund):
-    with pytest.raises(ReconcileError) as refused:
+    with pytest.raises(WardenError) as refused:
         tool_call_resolve(tool_call=unknown_refund.refund, applied=True, evidence="  ", acting_user=reconciler)
     assert refused.value.code == "evidence_required"
 
@@ -173,7 +174,7 @@ def test_staff_without_the_permission_cannot_reconcile(viewer, unknown_refund, d
     call.refresh_from_db()
     assert call.status == ToolCallStatus.UNKNOWN and not AuditEntry.objects.exists()
     # The service refuses on its own, whatever the interface.
-    with pytest.raises(ReconcileError) as refused:
+    with pytest.raises(WardenError) as refused:
         tool_call_resolve(tool_call=call, applied=True, evidence="trust me", acting_user=viewer)
     assert refused.value.code == "not_permitted"
 
@@ -208,7 +209,7 @@ def test_four_eyes_a_reconciler_may_not_settle_a_call_of_their_own_session(recon
     # The actions refuse on their own, whatever the interface.
     for attempt in (lambda: tool_call_resolve(tool_call=call, applied=True, evidence="mine", acting_user=reconciler),
                     lambda: tool_call_reconcile_auto(tool_call=call, acting_user=reconciler)):
-        with pytest.raises(ReconcileError) as refused:
+        with pytest.raises(WardenError) as refused:
             attempt()
         assert refused.value.code == "not_permitted" and "Four eyes" in refused.value.message
     # With four eyes switched off (WARDEN_FOUR_EYES=0) the same operator may.

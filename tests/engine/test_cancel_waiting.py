@@ -56,7 +56,8 @@ def test_the_deadline_does_not_fail_a_run_that_waits_for_an_operator():
 def test_a_run_that_fails_withdraws_its_approval_and_closes_the_call():
     """However a run fails, its request must not stay in the operators' queue, where approving
     it would record a decision that runs nothing."""
-    from approvals_app.services import ApprovalAlreadyDecided
+    from approvals_app.errors import ApprovalRefusal
+    from config.errors import WardenError
     from engine.actions.approvals import approval_decide
     from engine.actions.runs import run_end
     from runs_app.models import RunErrorCode
@@ -72,8 +73,9 @@ def test_a_run_that_fails_withdraws_its_approval_and_closes_the_call():
     # The history answers the call, so the next run's context holds no dangling tool call.
     assert Message.objects.filter(session=run.session, role=MessageRole.TOOL, tool_call_id=approval.tool_call.tool_call_id).exists()
     operator = UserFactory(is_staff=True, is_superuser=True)
-    with pytest.raises(ApprovalAlreadyDecided):
+    with pytest.raises(WardenError) as refused:
         approval_decide(approval=approval, decision="approve", note="too late", acting_user=operator)
+    assert refused.value.code is ApprovalRefusal.ALREADY_DECIDED
 
 
 def test_applied_effects_list_a_write_once_even_when_the_model_asked_for_it_twice():

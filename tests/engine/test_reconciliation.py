@@ -56,10 +56,10 @@ def test_an_operators_query_is_permission_checked_and_audited(unknown_refund):
 
     from approvals_app.models import AuditEntry
     from tests.factories import UserFactory
-    from engine.actions.reconciliation import ReconcileError
+    from config.errors import WardenError
 
     outsider = UserFactory()
-    with pytest.raises(ReconcileError) as refused:
+    with pytest.raises(WardenError) as refused:
         tool_call_reconcile_auto(tool_call=unknown_refund, acting_user=outsider)
     assert refused.value.code == "not_permitted" and not AuditEntry.objects.exists()
     operator = UserFactory()
@@ -74,7 +74,8 @@ def test_an_expired_request_can_no_longer_be_approved(transactional_db):
     from django.contrib.auth.models import Permission
 
     from approvals_app.models import Approval, ApprovalStatus
-    from approvals_app.services import ApprovalAlreadyDecided
+    from approvals_app.errors import ApprovalRefusal
+    from config.errors import WardenError
     from engine.actions.approvals import approval_decide
     from tests.factories import ApprovalFactory, UserFactory
 
@@ -84,8 +85,9 @@ def test_an_expired_request_can_no_longer_be_approved(transactional_db):
     operator = UserFactory()
     operator.user_permissions.add(Permission.objects.get(codename="decide_approval"))
     operator = type(operator).objects.get(pk=operator.pk)
-    with pytest.raises(ApprovalAlreadyDecided, match="expired"):
+    with pytest.raises(WardenError, match="expired") as refused:
         approval_decide(approval=approval, decision="approve", note="late", acting_user=operator)
+    assert refused.value.code is ApprovalRefusal.EXPIRED
     stored = Approval.objects.get(pk=approval.pk)
     assert stored.status == ApprovalStatus.EXPIRED and stored.decided_by is None
     assert ToolCall.objects.get(pk=approval.tool_call_id).status == ToolCallStatus.CANCELLED

@@ -1,0 +1,10 @@
+"""The refusals of approval decisions (config/errors.py)."""
+
+from config.errors import Refusal
+
+
+class ApprovalRefusal(Refusal):
+    NOT_PERMITTED = "not_permitted", 403
+    ALREADY_DECIDED = "already_decided", 409
+    EXPIRED = "expired", 409
+    INVALID_DECISION = "approval_error", 422  # not approve/reject, or a message for the customer too long
