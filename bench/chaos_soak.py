@@ -60,8 +60,8 @@ def main() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from tests.chaos.helpers import approve_pending, post, refund_outcomes_are_honest, resting_correctly
-    from tests.factories import UserFactory
+    from tests.support.chaos import approve_pending, post, refund_outcomes_are_honest, resting_correctly
+    from tests.support.factories import UserFactory
     from tests.support.processes import ProcessGroup
     from demo.services import sim_order_upsert
     from runs_app.models import TERMINAL_STATUSES, Run, RunEvent

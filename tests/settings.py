@@ -23,3 +23,8 @@ from config.settings import *  # noqa: E402,F401,F403
 # The PostgreSQL channel layer's alias (config/settings.py defines it only without REDIS_URL): the
 # tests that put the layer itself under test use it whatever this shell exports (CI sets REDIS_URL).
 DATABASES.setdefault("channels_postgres", {**DATABASES["default"], "TEST": {"MIRROR": "default"}})  # noqa: F405
+
+# A web server the suite shares between tests (tests/support/processes.py) answers one more URL,
+# which forgets what it cached about the previous test's (flushed) database.
+if os.environ.get("WARDEN_TEST_SHARED_SERVER"):
+    ROOT_URLCONF = "tests.support.shared_server"

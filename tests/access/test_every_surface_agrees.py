@@ -17,9 +17,9 @@ from django.test import Client
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run
 from access import policy as access
-from tests.api.conftest import Api, build_world
-from tests.console.helpers import ConsoleSocket, open_socket
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.api import Api, build_world
+from tests.support.console import ConsoleSocket, open_socket
+from tests.support.factories import ApiKeyFactory, UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]

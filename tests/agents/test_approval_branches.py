@@ -11,10 +11,11 @@ from django.core.management import call_command
 
 from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
-from tests.agents.conftest import HttpApi, wait_for_run
-from tests.api.conftest import grant
+from tests.support.agents import wait_for_run
+from tests.support.api import HttpApi
+from tests.support.api import grant
 from tests.e2e.conftest import AdminOverHttp
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from demo.agent import DEMO_AGENT_SLUG
 from demo.models import SimRefund
 from demo.selectors import sim_refund_count
@@ -38,7 +39,7 @@ def _operator(name: str):
 
 
 def test_each_approval_branch_of_the_demo_agent_end_to_end(procs):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     call_command("demo_setup", verbosity=0)  # the demo accounts, world and agent, as `make run` has them

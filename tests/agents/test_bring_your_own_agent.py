@@ -11,9 +11,10 @@ import pytest
 from approvals_app.models import Approval
 from agents.models import AgentVersion
 from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepKind, StepStatus, WaitReason
-from tests.agents.conftest import HttpApi, extending_snippet, ledger_agent_definition, tool_modules_setting, wait_for_run
-from tests.api.conftest import grant
-from tests.factories import UserFactory
+from tests.support.agents import extending_snippet, ledger_agent_definition, tool_modules_setting, wait_for_run
+from tests.support.api import HttpApi
+from tests.support.api import grant
+from tests.support.factories import UserFactory
 from tests.support.example_tools.ledger import ledger_bookings
 from tools_app.models import ToolCall, ToolCallStatus
 

@@ -12,9 +12,9 @@ from config.errors import WardenError
 from agents.definitions import AgentDefinitionInvalid, agent_definition_check, approval_rule_match
 from agents.models import Agent, AgentVersion
 from sessions_app.models import Session
-from tests.agents.conftest import define
-from tests.api.conftest import Api
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.agents import define
+from tests.support.api import Api
+from tests.support.factories import ApiKeyFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

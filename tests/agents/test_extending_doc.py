@@ -8,7 +8,7 @@ import re
 import pytest
 
 from agents.definitions import agent_definition_check
-from tests.agents.conftest import EXTENDING, ROOT, EXAMPLE_TOOLS, extending_snippets, ledger_agent_definition, tool_modules_setting
+from tests.support.agents import EXTENDING, ROOT, EXAMPLE_TOOLS, extending_snippets, ledger_agent_definition, tool_modules_setting
 
 KINDS = {"excerpt", "setting", "request"}
 

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus, AuditEntry
 from runs_app.models import Run, RunStatus
-from tests.api.conftest import Api, build_world, grant
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.api import Api, build_world, grant
+from tests.support.factories import ApiKeyFactory, UserFactory
 from tools_app.models import ToolCallStatus
 
 pytestmark = pytest.mark.django_db

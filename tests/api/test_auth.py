@@ -12,8 +12,8 @@ from django.test import Client
 from approvals_app.models import AuditEntry
 from engine.actions.api_keys import api_key_withdraw as api_key_revoke
 from sessions_app.models import ApiKey, Session
-from tests.api.conftest import Api, revoked_key_api
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.api import Api, revoked_key_api
+from tests.support.factories import ApiKeyFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from approvals_app.models import Approval, AuditEntry
 from api.v1 import api
 from runs_app.models import TERMINAL_STATUSES, Run, RunEvent
 from sessions_app.models import Message, PendingInput, Session
-from tests.api.conftest import OPERATOR_PERMISSIONS, Api, build_world, grant, revoked_key_api
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.api import OPERATOR_PERMISSIONS, Api, build_world, grant, revoked_key_api
+from tests.support.factories import ApiKeyFactory, UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db

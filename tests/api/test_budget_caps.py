@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from runs_app.models import Run
 from sessions_app.models import Message, PendingInput
-from tests.api.conftest import Api, grant
-from tests.factories import ApiKeyFactory, RunFactory, SessionFactory, UserFactory
+from tests.support.api import Api, grant
+from tests.support.factories import ApiKeyFactory, RunFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from django.test import Client
 
 from access import policy
 from config.errors import Refusal, WardenError
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 

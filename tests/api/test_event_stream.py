@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from api import streams
 from runs_app.models import Run, RunStatus
-from tests.factories import RunEventFactory
+from tests.support.factories import RunEventFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -102,7 +102,7 @@ def test_bad_last_event_id_is_422(world, alice_api, header):
 def test_under_asgi_events_are_sent_while_the_run_is_still_live(world, alice, fast_stream):
     """Daphne serves the app through ASGI: a buffered stream would send nothing until the end."""
     from server.asgi import application
-    from tests.factories import ApiKeyFactory
+    from tests.support.factories import ApiKeyFactory
 
     run = world.approval_run
     secret = ApiKeyFactory(owner=alice).secret

@@ -5,8 +5,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.api.conftest import build_world
-from tests.factories import StepFactory, ToolCallFactory
+from tests.support.api import build_world
+from tests.support.factories import StepFactory, ToolCallFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -66,7 +66,7 @@ def test_run_detail_cost_does_not_grow_with_steps_tool_calls_and_events(world, a
 
 
 def test_session_detail_and_message_pages_are_constant(world, alice_api):
-    from tests.factories import MessageFactory
+    from tests.support.factories import MessageFactory
 
     detail = queries(alice_api, f"/sessions/{world.session.pk}")
     page = queries(alice_api, f"/sessions/{world.session.pk}/messages")

@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from approvals_app.models import ApprovalStatus, AuditEntry
 from runs_app.models import Run, RunStatus
-from tests.api.conftest import grant
-from tests.factories import RunFactory, SessionFactory, UserFactory
+from tests.support.api import grant
+from tests.support.factories import RunFactory, SessionFactory, UserFactory
 from tools_app.models import ToolCallStatus
 
 pytestmark = pytest.mark.django_db

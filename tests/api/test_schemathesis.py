@@ -18,8 +18,8 @@ from schemathesis.specs.openapi.checks import (
     content_type_conformance, negative_data_rejection, response_schema_conformance, status_code_conformance,
 )
 
-from tests.api.conftest import build_world
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.api import build_world
+from tests.support.factories import ApiKeyFactory, UserFactory
 
 MAX_EXAMPLES = 25
 

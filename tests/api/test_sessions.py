@@ -10,8 +10,8 @@ from django_q.models import OrmQ
 
 from runs_app.models import Run, RunEvent, RunStatus
 from sessions_app.models import Message, PendingInput, Session
-from tests.api.conftest import grant
-from tests.factories import MessageFactory, PendingInputFactory, RunFactory, SessionFactory
+from tests.support.api import grant
+from tests.support.factories import MessageFactory, PendingInputFactory, RunFactory, SessionFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -24,10 +24,10 @@ from runs_app.events import RunEventType
 from runs_app.live import session_group
 from runs_app.models import Run, RunStatus, WaitReason
 from engine.state import run_transition, run_write
-from tests.console.helpers import (
+from tests.support.console import (
     REDIS_TEST_URL, postgres_layer_for_test_db, postgres_layer_pool_drop, redis_layer, require_redis,
 )
-from tests.factories import ApiKeyFactory, RunEventFactory, RunFactory, SessionFactory, UserFactory
+from tests.support.factories import ApiKeyFactory, RunEventFactory, RunFactory, SessionFactory, UserFactory
 from tests.support.processes import ProcessGroup, wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]

@@ -15,9 +15,9 @@ import pytest
 from django.core.cache.backends.db import DatabaseCache
 from django.test import Client, override_settings
 
-from tests.api.conftest import Api
-from tests.console.helpers import REDIS_TEST_URL, require_redis
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.api import Api
+from tests.support.console import REDIS_TEST_URL, require_redis
+from tests.support.factories import ApiKeyFactory, UserFactory
 from tests.support.processes import ROOT, ProcessGroup
 
 pytestmark = pytest.mark.django_db

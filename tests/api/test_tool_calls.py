@@ -7,8 +7,8 @@ from pydantic import BaseModel
 from approvals_app.models import AuditEntry
 from runs_app.models import Run, RunStatus
 from sessions_app.models import Message, MessageRole
-from tests.api.conftest import Api, build_world, grant
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.api import Api, build_world, grant
+from tests.support.factories import ApiKeyFactory, UserFactory
 from tools_app import registry
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 

@@ -1,22 +1,9 @@
+"""The chaos tests' operator, who decides and reconciles."""
+
 import pytest
 from django.contrib.auth.models import Permission
 
-from tests.factories import UserFactory
-from tests.support.processes import ProcessGroup
-
-
-@pytest.fixture
-def procs(transactional_db, request):
-    group = ProcessGroup(name=request.node.name[:60])
-    yield group
-    group.stop_all()
-
-
-@pytest.fixture
-def demo_world(transactional_db):
-    from django.core.management import call_command
-
-    call_command("seed_demo", verbosity=0)
+from tests.support.factories import UserFactory
 
 
 @pytest.fixture

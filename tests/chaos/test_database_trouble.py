@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from runs_app.models import RunStatus
-from tests.chaos.helpers import all_terminal, approve_pending, post, refund_outcomes_are_honest, seqs_gap_free
+from tests.support.chaos import all_terminal, approve_pending, post, refund_outcomes_are_honest, seqs_gap_free
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -22,7 +22,8 @@ def _terminate_other_backends() -> int:
 
 
 def test_terminated_connections_mid_run_lose_and_duplicate_nothing(procs, demo_world, desk_operator):
-    procs.start_web()
+    procs.keep_shared = False  # every connection to the database is terminated, the shared servers' too
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     runs = [post(f"Check order {n} and refund it if it's eligible", provider_options={"delay": 0.05}) for n in (1001, 1002, 1003)]

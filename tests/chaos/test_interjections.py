@@ -9,15 +9,15 @@ from runs_app.models import ACTIVE_STATUSES, Run, RunEvent, RunStatus
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
-from tests.chaos.helpers import all_terminal
-from tests.factories import UserFactory
+from tests.support.chaos import all_terminal
+from tests.support.factories import UserFactory
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_storm_of_interjections_is_accounted_for_exactly_once_in_order(procs, demo_world):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     user = UserFactory()
     session = session_open(owner=user, title="storm")
@@ -76,7 +76,7 @@ def test_a_storm_of_interjections_is_accounted_for_exactly_once_in_order(procs, 
 
 
 def test_an_intent_switch_cancels_the_run_and_starts_a_new_one(procs, demo_world):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=1)
     user = UserFactory()
     session = session_open(owner=user, title="switch")

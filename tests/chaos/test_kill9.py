@@ -9,7 +9,7 @@ import time
 import pytest
 
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
-from tests.chaos.helpers import approve_pending, post, refund_outcomes_are_honest, resting_correctly, seqs_gap_free
+from tests.support.chaos import approve_pending, post, refund_outcomes_are_honest, resting_correctly, seqs_gap_free
 from tests.support.processes import wait_for
 from tools_app.models import ToolCall, ToolCallStatus
 
@@ -33,7 +33,7 @@ def _approve(operator, runs) -> None:
 def test_sigkill_at_named_points_and_at_random_books_every_refund_at_most_once(procs, demo_world, desk_operator):
     from demo.selectors import sim_refund_count
 
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_sweeper()
     runs = [post(f"Check order {order} and refund it if it's eligible", provider_options={"delay": 0.03}) for order in ORDERS]
     procs.start_workers("plain", workers=2)

@@ -15,7 +15,7 @@ from engine.state import run_write
 from sessions_app.models import PendingInput
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
-from tests.factories import TEST_PASSWORD, ApprovalFactory, RunFactory, SessionFactory, StepFactory, ToolCallFactory, UserFactory
+from tests.support.factories import TEST_PASSWORD, ApprovalFactory, RunFactory, SessionFactory, StepFactory, ToolCallFactory, UserFactory
 from tools_app.models import ToolCallStatus, ToolEffect
 
 pytestmark = pytest.mark.django_db

@@ -17,8 +17,8 @@ from engine.state import run_event_append
 from sessions_app.models import Message, MessageRole
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
-from tests.console.helpers import REDIS_TEST_URL, ConsoleSocket, open_socket, redis_layer, require_redis, session_cookie
-from tests.factories import ApprovalFactory, RunFactory, UserFactory
+from tests.support.console import REDIS_TEST_URL, ConsoleSocket, open_socket, redis_layer, require_redis, session_cookie
+from tests.support.factories import ApprovalFactory, RunFactory, UserFactory
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -146,7 +146,7 @@ def test_an_open_console_leaves_what_its_user_may_no_longer_see_and_closes_on_lo
 
 
 def test_reconnecting_catches_up_with_no_gaps_or_duplicates(procs, demo_world):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=1)
     user = UserFactory()
     session = session_open(owner=user, title="reconnect")
@@ -302,7 +302,7 @@ def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(proc
 
 
 def test_a_console_joining_mid_stream_shows_the_text_so_far_without_duplicates(procs, demo_world):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=1)
     user = UserFactory()
     session = session_open(owner=user, title="late")
@@ -353,7 +353,7 @@ def test_workers_answer_reaches_the_client_live_through_each_layer(procs, demo_w
         procs.base_env.pop("REDIS_URL", None)
         switch = override_settings()
     with switch:
-        procs.start_web()
+        procs.start_web(simulator=True)
         procs.start_workers(workers=1)
         user = UserFactory()
         session = session_open(owner=user, title=f"live over {layer}")

@@ -8,8 +8,8 @@ from django.test import Client, override_settings
 
 from sessions_app.models import Message, PendingInput, Session
 from engine.actions.sessions import session_open
-from tests.console.helpers import ConsoleSocket, open_socket
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.console import ConsoleSocket, open_socket
+from tests.support.factories import ApiKeyFactory, UserFactory
 
 
 @pytest.mark.django_db

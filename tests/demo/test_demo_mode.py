@@ -6,7 +6,6 @@ with no run and no approval)."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,8 +14,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tests.demo.factories import SimOrderFactory
-from tests.support.processes import ROOT, ProcessGroup, free_port, wait_for
+from tests.support.factories import SimOrderFactory
+from tests.support.processes import ROOT, ProcessGroup, free_port_pair, wait_for
 from tests.support.processes import test_database_url as database_url_of_the_tests
 from demo.models import SimOrder, SimRefund
 from demo.selectors import sim_refund_count
@@ -82,19 +81,6 @@ def _without_demo_mode(env: dict[str, str]) -> dict[str, str]:
             "SECRET_KEY": "a-deployment-without-demo-mode-has-its-own-key-" + "k" * 32}
 
 
-def _port_pair() -> int:
-    """A free port whose successor is free too (serve_all puts the simulator on port + 1)."""
-    for _ in range(50):
-        port = free_port()
-        try:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 @pytest.fixture
 def group(transactional_db, request):
     processes = ProcessGroup(name=request.node.name[:60])
@@ -103,7 +89,7 @@ def group(transactional_db, request):
 
 
 def _serve_all(group: ProcessGroup, *, demo: bool) -> int:
-    port = _port_pair()
+    port = free_port_pair()
     if not demo:
         group.base_env = _without_demo_mode(group.base_env)
     group.base_env.pop("WARDEN_SIM_BASE_URL", None)  # serve_all points the demo tools at its own simulator

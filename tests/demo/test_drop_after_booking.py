@@ -3,7 +3,7 @@
 import httpx
 import pytest
 
-from tests.demo.factories import SimOrderFactory
+from tests.support.factories import SimOrderFactory
 from demo.selectors import sim_refund_count
 from demo.services import sim_fault_set
 from tools_app.registry import ToolOutcomeUnknown, tool_get

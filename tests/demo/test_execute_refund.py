@@ -6,7 +6,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from tests.demo.factories import SimOrderFactory, SimRefundFactory
+from tests.support.factories import SimOrderFactory, SimRefundFactory
 from demo.selectors import sim_refund_count
 from demo.services import sim_fault_set
 from tools_app.models import ToolEffect

@@ -5,7 +5,7 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from tests.demo.factories import SimOrderFactory, SimUserLevelFactory
+from tests.support.factories import SimOrderFactory, SimUserLevelFactory
 from demo.services import sim_fault_set
 from tools_app.models import ToolEffect
 from tools_app.registry import ToolError, tool_get

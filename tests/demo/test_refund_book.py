@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from django.db import connection, transaction
 
-from tests.demo.factories import SimOrderFactory, SimRefundFactory
+from tests.support.factories import SimOrderFactory, SimRefundFactory
 from demo.models import SimRefund
 from demo.selectors import sim_refund_count
 from demo.services import SimError, sim_refund_book

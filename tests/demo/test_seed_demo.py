@@ -4,7 +4,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from tests.demo.factories import SimFaultFactory, SimRefundFactory
+from tests.support.factories import SimFaultFactory, SimRefundFactory
 from demo.models import SimFault, SimOrder, SimRefund, SimUserLevel
 
 

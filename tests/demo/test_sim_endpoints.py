@@ -8,8 +8,8 @@ import pytest
 from django.middleware.csrf import _get_new_csrf_string
 from django.test import Client
 
-from tests.demo.factories import SimFaultFactory, SimOrderFactory, SimRefundFactory, SimUserLevelFactory
-from tests.factories import UserFactory
+from tests.support.factories import SimFaultFactory, SimOrderFactory, SimRefundFactory, SimUserLevelFactory
+from tests.support.factories import UserFactory
 from demo.models import SimFault, SimFaultMode, SimFaultTarget
 from demo.selectors import sim_refund_count
 

@@ -13,7 +13,7 @@ from demo.accounts import DEMO_WEBHOOK_ENDPOINT
 from notifications.models import DeliveryStatus, NotificationKind, WebhookDelivery, WebhookEndpoint
 from runs_app.models import RunErrorCode, RunStatus
 from notifications.outbox import webhook_body_bytes
-from tests.factories import RunFactory, UserFactory
+from tests.support.factories import RunFactory, UserFactory
 from demo.models import SimWebhookReceipt
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,8 +17,8 @@ from config.errors import WardenError
 from engine.actions.approvals import approval_decide
 from runs_app.models import Run, RunEvent, RunStatus
 from sessions_app.models import Message, MessageRole
-from tests.desk.conftest import csrf_client, csrf_token_of, messages_of
-from tests.factories import ApprovalFactory, SessionFactory
+from tests.support.desk import csrf_client, csrf_token_of, messages_of
+from tests.support.factories import ApprovalFactory, SessionFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db
@@ -113,7 +113,7 @@ def test_a_post_without_the_csrf_token_is_refused(operator, pending_refund):
 
 
 def test_second_decision_is_told_who_decided_first(operator, pending_refund):
-    from tests.desk.conftest import staff_user
+    from tests.support.desk import staff_user
 
     second = staff_user("second-operator", "decide_approval")
     first_client, second_client = csrf_client(operator), csrf_client(second)
@@ -216,7 +216,7 @@ def test_queue_renders_at_a_constant_query_count_for_an_operator(operator):
 def test_the_decide_permission_alone_opens_the_queue(pending_refund):
     from django.contrib.auth.models import Permission
 
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     decider = UserFactory(username="decider", is_staff=True)
     decider.user_permissions.add(Permission.objects.get(codename="decide_approval"))
@@ -234,7 +234,7 @@ def test_the_decide_permission_alone_shows_operator_requests_not_customers_confi
     from django.contrib.auth.models import Permission
 
     from approvals_app.models import ApprovalPolicy
-    from tests.factories import RunFactory, StepFactory, ToolCallFactory, UserFactory
+    from tests.support.factories import RunFactory, StepFactory, ToolCallFactory, UserFactory
 
     run = RunFactory(status=RunStatus.WAITING, phase="", wait_reason="approval")
     call = ToolCallFactory(run=run, step=StepFactory(run=run, kind="tools"), tool_name="execute_refund", effect="write",

@@ -7,8 +7,8 @@ from django.urls import reverse
 
 from approvals_app.models import AuditEntry
 from engine.actions.approvals import approval_decide
-from tests.desk.conftest import csrf_client, csrf_token_of
-from tests.factories import AuditEntryFactory
+from tests.support.desk import csrf_client, csrf_token_of
+from tests.support.factories import AuditEntryFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from approvals_app.errors import ApprovalRefusal
 from config.errors import WardenError
 from engine.actions.approvals import approval_decide
 from runs_app.models import RunEvent
-from tests.desk.conftest import staff_user
+from tests.support.desk import staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,7 +6,7 @@ from django.test import override_settings
 from django.urls import reverse
 
 from approvals_app.models import AuditEntry
-from tests.desk.conftest import csrf_client, csrf_token_of, staff_user
+from tests.support.desk import csrf_client, csrf_token_of, staff_user
 
 pytestmark = pytest.mark.django_db
 

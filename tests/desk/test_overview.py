@@ -10,8 +10,8 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalStatus
 from approvals_app.selectors import desk_overview
 from runs_app.models import RunStatus, WaitReason
-from tests.desk.conftest import csrf_client
-from tests.factories import ApprovalFactory, RunFactory
+from tests.support.desk import csrf_client
+from tests.support.factories import ApprovalFactory, RunFactory
 from tools_app.models import ToolCall
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,8 @@ from django.utils import timezone
 
 from approvals_app.models import ApprovalStatus, AuditEntry
 from runs_app.models import Run, RunStatus
-from tests.desk.conftest import csrf_client, csrf_token_of, messages_of
-from tests.factories import RunFactory, ToolCallFactory
+from tests.support.desk import csrf_client, csrf_token_of, messages_of
+from tests.support.factories import RunFactory, ToolCallFactory
 from tools_app.models import ToolCallStatus, ToolEffect
 
 pytestmark = pytest.mark.django_db

@@ -4,8 +4,8 @@ customer, a session title, an idempotency key â€” not only an exact UUID (SPEC Â
 import pytest
 from django.urls import reverse
 
-from tests.desk.conftest import csrf_client
-from tests.factories import RunFactory, SessionFactory, StepFactory, ToolCallFactory, UserFactory
+from tests.support.desk import csrf_client
+from tests.support.factories import RunFactory, SessionFactory, StepFactory, ToolCallFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

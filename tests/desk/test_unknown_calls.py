@@ -14,7 +14,7 @@ from django.utils import timezone
 from approvals_app.models import AuditEntry
 from runs_app.models import Run, RunStatus, WaitReason
 from sessions_app.models import Message, MessageRole
-from tests.desk.conftest import csrf_client, csrf_token_of, messages_of
+from tests.support.desk import csrf_client, csrf_token_of, messages_of
 from tools_app import registry
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 from config.errors import WardenError

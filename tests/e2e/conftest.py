@@ -15,8 +15,7 @@ from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunStatus, WaitReason
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
-from tests.engine.conftest import demo_world, procs  # noqa: F401 - the same real-process fixtures
-from tests.factories import TEST_PASSWORD, UserFactory
+from tests.support.factories import TEST_PASSWORD, UserFactory
 from tests.support.processes import ROOT, wait_for
 
 REFUND_REQUEST = "Check order 9527 and refund it if it's eligible"
@@ -151,7 +150,7 @@ def inside_viewport_horizontally(page, selector: str) -> bool:
 def live_system(procs, demo_world):
     """The real processes around the test database; what this process publishes goes through the
     test database's channel layer, so the pages the browser shows hear about it."""
-    from tests.console.helpers import postgres_layer_for_test_db, postgres_layer_pool_drop
+    from tests.support.console import postgres_layer_for_test_db, postgres_layer_pool_drop
 
     postgres_layer_pool_drop()
     with override_settings(CHANNEL_LAYERS=postgres_layer_for_test_db()):

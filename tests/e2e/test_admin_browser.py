@@ -15,7 +15,7 @@ import pytest
 from approvals_app.models import ApprovalStatus
 from runs_app.models import Run, RunStatus
 from tests.e2e.conftest import refund_waiting_for_approval, run_finished
-from tests.factories import TEST_PASSWORD
+from tests.support.factories import TEST_PASSWORD
 from tests.support.processes import ROOT, wait_for
 from demo.selectors import sim_refund_count
 
@@ -61,7 +61,7 @@ def wait_for_page_text(page, url: str, selector: str, text: str, *, timeout: flo
 def test_operator_approves_a_refund_in_headless_chromium_and_the_run_completes(procs, demo_world, desk_operator, chromium_path):
     from playwright.sync_api import expect, sync_playwright
 
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     run, approval = refund_waiting_for_approval()

@@ -18,7 +18,7 @@ from demo.model import HELP_TEXT
 from sessions_app.models import Message, MessageRole
 from engine.actions.sessions import session_open
 from tests.e2e.conftest import REFUND_REQUEST
-from tests.factories import TEST_PASSWORD, UserFactory
+from tests.support.factories import TEST_PASSWORD, UserFactory
 from tests.support.processes import ROOT
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -78,7 +78,7 @@ def browser():
 @pytest.fixture
 def console_server(procs, demo_world):
     """daphne and workers; what this process publishes goes through the test database's layer."""
-    from tests.console.helpers import postgres_layer_for_test_db, postgres_layer_pool_drop
+    from tests.support.console import postgres_layer_for_test_db, postgres_layer_pool_drop
 
     postgres_layer_pool_drop()
     with override_settings(CHANNEL_LAYERS=postgres_layer_for_test_db()):
@@ -126,7 +126,7 @@ def in_order(sequence: list[str], wanted: list[str]) -> bool:
 
 def test_customer_watches_a_refund_that_an_operator_approves_in_the_admin(console_server, browser, desk_operator):
     procs = console_server
-    procs.start_web()
+    procs.start_web(simulator=True)
     # A slower model, so the answer visibly streams in pieces.
     procs.start_workers(workers=2, env={"WARDEN_SCRIPTED_DELAY_SECONDS": "0.1"})
     UserFactory(username="carol")
@@ -213,7 +213,7 @@ def test_a_reload_in_the_middle_of_a_stream_shows_no_duplicated_text(console_ser
 
 def test_typing_while_busy_offers_the_modes_and_cancel_stops_the_run(console_server, browser):
     procs = console_server
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=1, env={"WARDEN_SCRIPTED_DELAY_SECONDS": "0.3"})
     UserFactory(username="erin")
     page = console_login(browser, procs.base_url, "erin")

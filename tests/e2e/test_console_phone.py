@@ -11,7 +11,7 @@ from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run
 from sessions_app.models import Message, MessageRole
 from tests.e2e.conftest import browser_page, login, screenshot, scrolls_sideways
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -36,7 +36,7 @@ def send(page, text: str) -> None:
 @pytest.mark.parametrize("size", ["phone", "desktop"])
 def test_a_customer_sends_a_question_and_reads_the_answer(live_system, chromium, size):
     procs = live_system
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=1)
     UserFactory(username="carol")
     page = browser_page(chromium, procs.base_url, size)
@@ -66,7 +66,7 @@ def test_a_customer_sends_a_question_and_reads_the_answer(live_system, chromium,
 
 def test_the_customer_never_sees_the_operators_note_live_or_reloaded(live_system, chromium, desk_operator):
     procs = live_system
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     UserFactory(username="dora")

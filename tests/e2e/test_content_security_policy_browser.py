@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.factories import TEST_PASSWORD, UserFactory
+from tests.support.factories import TEST_PASSWORD, UserFactory
 from tests.support.processes import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.django_db(transaction=True)]

@@ -12,7 +12,7 @@ from engine.actions.messages import message_post
 from runs_app.models import Run, RunOutcome, RunStatus, WaitReason
 from engine.actions.sessions import session_open
 from tests.e2e.conftest import browser_page, inside_viewport_horizontally, login, screenshot, scrolls_sideways
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.support.processes import wait_for
 from demo.selectors import sim_refund_count
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
@@ -63,7 +63,7 @@ def overlapping_cells(page) -> list[str]:
 
 def test_the_desk_at_1280_and_390_queue_search_dashboard_and_a_bulk_approval(live_system, chromium, desk_operator):
     procs = live_system
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     customer = UserFactory(username="alice")
@@ -86,7 +86,10 @@ def test_the_desk_at_1280_and_390_queue_search_dashboard_and_a_bulk_approval(liv
         # The queue: the oldest request's Approve button is in view without scrolling sideways.
         page.goto(QUEUE)
         approve = f'a[href="{QUEUE}{oldest.pk}/approve/"]'
-        assert page.locator("#result_list tbody tr").first.locator(approve).count() == 1  # oldest first
+        rows = page.locator("#result_list tbody tr")
+        assert rows.first.locator(approve).count() == 1, (  # oldest first
+            f"the first row is not the oldest request ({oldest.pk}, {oldest.requested_at}): "
+            f"{[rows.nth(i).inner_text() for i in range(rows.count())] or page.content()[:3000]}")
         assert page.is_visible(approve)
         assert inside_viewport_horizontally(page, approve), page.locator(approve).bounding_box()
         assert not scrolls_sideways(page)
@@ -163,7 +166,7 @@ def test_demo_buttons_make_reconciliation_need_a_person_who_settles_it_on_the_de
     booking" and "lookups unavailable"; the refund ends up unknown and stays unknown (no lookup
     answers), waiting in the queue; the operator records it as applied with evidence."""
     procs.base_env["WARDEN_DEMO"] = "1"
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     desk_operator.user_permissions.add(Permission.objects.get(codename="change_simfault"))

@@ -64,7 +64,7 @@ def stages_in_order(states: list[tuple]) -> list[int]:
 
 
 def test_refund_is_approved_in_the_admin_times_out_is_reconciled_and_booked_once(procs, demo_world, desk_operator):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     run, approval = refund_waiting_for_approval()

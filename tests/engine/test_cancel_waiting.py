@@ -2,11 +2,14 @@
 
 import pytest
 
-from approvals_app.models import ApprovalStatus
+from approvals_app.models import Approval, ApprovalStatus
 from engine.actions.cancel import run_cancel_request
-from runs_app.models import RunEvent, RunStatus
-from tests.factories import ApprovalFactory, RunFactory, StepFactory, ToolCallFactory
-from tools_app.models import ToolCallStatus
+from runs_app.models import Run, RunEvent, RunStatus, WaitReason
+from sessions_app.models import Message, MessageRole
+from tests.support.chaos import post
+from tests.support.drive import drive_until
+from tests.support.factories import ApprovalFactory, RunFactory, StepFactory, ToolCallFactory
+from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -62,7 +65,7 @@ def test_a_run_that_fails_withdraws_its_approval_and_closes_the_call():
     from engine.actions.runs import run_end
     from runs_app.models import RunErrorCode
     from sessions_app.models import Message, MessageRole
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     run, approval = _waiting_for_approval()
     assert run_end(run=run, to=RunStatus.FAILED, lease_token=None, error_code=RunErrorCode.INTERNAL, error_detail="test")
@@ -91,3 +94,20 @@ def test_applied_effects_list_a_write_once_even_when_the_model_asked_for_it_twic
                     status=ToolCallStatus.SUCCEEDED, reused_from=first, result={"refund_id": "r1"},
                     finished_at=timezone.now())
     assert [effect["tool_call"] for effect in applied_effects(run_id=run.id)] == [str(first.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("simulator", "demo_world")
+def test_a_run_that_reached_its_approval_cancels_at_once_and_closes_it():
+    """A run driven as a worker drives it to its refund's approval, then cancelled: nothing is in
+    flight, so it ends at once; the request is withdrawn and the call answered in the history."""
+    run = post("Check order 9527 and refund it if it's eligible")
+    drive_until(run, RunStatus.WAITING, WaitReason.APPROVAL)
+    run_cancel_request(run=run, acting_user=run.created_by, reason="no longer needed")
+    assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED  # nothing in flight: at once
+    approval = Approval.objects.get(run=run)
+    assert approval.status == ApprovalStatus.WITHDRAWN and approval.decided_by == run.created_by
+    refund = ToolCall.objects.get(run=run, tool_name="execute_refund")
+    assert refund.status == ToolCallStatus.CANCELLED
+    answer = Message.objects.get(run=run, role=MessageRole.TOOL, tool_call_id=refund.tool_call_id)
+    assert "run_cancelled" in answer.content or "approval_rejected" in answer.content

@@ -8,7 +8,7 @@ from engine.context import context_build, manifest_covers, seq_ranges
 from sessions_app.models import Message, MessageRole
 from sessions_app.services import messages_append
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from engine.actions.runs import run_end
 from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from runs_app.models import Run, RunErrorCode, RunStatus
 from sessions_app.models import IdempotencyRecord, Session
-from tests.factories import RunFactory, SessionFactory, UserFactory
+from tests.support.factories import RunFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,15 +1,15 @@
-"""SPEC §4 and §16 through real workers and the real HTTP API: a long session keeps working within
-its token window, with summaries stored beside the immutable history and every model call's
-manifest saying what it saw; a retried API POST does nothing twice; retention erases archived
-sessions through one audited path and never touches an active run."""
+"""SPEC §4 and §16 through the HTTP API, with runs driven as worker tasks drive them (in this process:
+tests/support/drive.py): a long session keeps working within its token window, with summaries
+stored beside the immutable history and every model call's manifest saying what it saw; a retried
+API POST does nothing twice; retention erases archived sessions through one audited path (the
+`erase_sessions` command) and never touches an active run."""
 
+import io
 import json
-import subprocess
-import sys
 import uuid
 
-import httpx
 import pytest
+from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 
 from approvals_app.models import AuditEntry
@@ -17,27 +17,20 @@ from runs_app.models import ContextSummary, Run, RunStatus, Step, StepKind, Wait
 from sessions_app.models import Message, MessageRole, PendingInput, Session
 from sessions_app.services import messages_append
 from engine.actions.sessions import session_open
-from tests.factories import ApiKeyFactory, UserFactory
-from tests.support.processes import ROOT, wait_for
-from tests.support.processes import test_database_url as database_url_of_the_tests
+from tests.support.api import Api
+from tests.support.drive import drive_until
+from tests.support.factories import ApiKeyFactory, UserFactory
 
-pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("simulator", "demo_world")]
 WINDOW = 1500
 
 
-def _api(procs, user) -> httpx.Client:
-    return httpx.Client(base_url=procs.base_url + "/api/v1", trust_env=False, timeout=30,
-                        headers={"Authorization": f"Bearer {ApiKeyFactory(owner=user).secret}"})
+def _api(user) -> Api:
+    return Api(ApiKeyFactory(owner=user).secret)
 
 
-def _done(run_id) -> bool:
-    return Run.objects.get(pk=run_id).status in (RunStatus.COMPLETED, RunStatus.FAILED)
-
-
-def test_a_300_message_session_keeps_working_within_its_window(procs, demo_world):
-    procs.base_env["WARDEN_CONTEXT_TOKENS"] = str(WINDOW)
-    procs.start_web()
-    procs.start_workers(workers=1)
+def test_a_300_message_session_keeps_working_within_its_window(settings):
+    settings.WARDEN_CONTEXT_TOKENS = WINDOW
     user = UserFactory(username="chatty")
     session = session_open(owner=user, title="long")
     with transaction.atomic():
@@ -46,10 +39,10 @@ def test_a_300_message_session_keeps_working_within_its_window(procs, demo_world
                     content=f"message {n}: order {1000 + n} was discussed at some length, " + "details " * 8)
             for n in range(300)
         ])
-    api = _api(procs, user)
+    api = _api(user)
     for text in ("please run noop 2", "please run noop 1"):
-        run_id = api.post(f"/sessions/{session.pk}/messages", json={"content": text}).json()["run"]["id"]
-        wait_for(lambda: _done(run_id), timeout=120, message="the run to finish")
+        run_id = api.post(f"/sessions/{session.pk}/messages", {"content": text}).json()["run"]["id"]
+        drive_until(run_id, RunStatus.COMPLETED)
         assert Run.objects.get(pk=run_id).status == RunStatus.COMPLETED
         steps = api.get(f"/runs/{run_id}").json()["steps"]
         for step in (s for s in steps if s["kind"] == StepKind.MODEL):
@@ -69,68 +62,60 @@ def test_a_300_message_session_keeps_working_within_its_window(procs, demo_world
     assert used <= {s.pk for s in summaries}
 
 
-def test_a_retried_post_with_the_same_idempotency_key_does_nothing_twice(procs, demo_world):
-    procs.start_web()
-    procs.start_workers(workers=1)
+def test_a_retried_post_with_the_same_idempotency_key_does_nothing_twice():
     user = UserFactory(username="retrying-client")
-    api = _api(procs, user)
+    api = _api(user)
     key = str(uuid.uuid4())
-    session = api.post("/sessions", json={"title": "once"}, headers={"Idempotency-Key": key}).json()
-    again = api.post("/sessions", json={"title": "once"}, headers={"Idempotency-Key": key})
-    assert again.json()["id"] == session["id"] and again.headers["Idempotent-Replayed"] == "true"
+    session = api.post("/sessions", {"title": "once"}, HTTP_IDEMPOTENCY_KEY=key).json()
+    again = api.post("/sessions", {"title": "once"}, HTTP_IDEMPOTENCY_KEY=key)
+    assert again.json()["id"] == session["id"] and again["Idempotent-Replayed"] == "true"
     assert Session.objects.filter(owner=user).count() == 1
 
     message_key = str(uuid.uuid4())
     body = {"content": "What's the weather in Paris?"}
-    first = api.post(f"/sessions/{session['id']}/messages", json=body, headers={"Idempotency-Key": message_key})
-    second = api.post(f"/sessions/{session['id']}/messages", json=body, headers={"Idempotency-Key": message_key})
+    first = api.post(f"/sessions/{session['id']}/messages", body, HTTP_IDEMPOTENCY_KEY=message_key)
+    second = api.post(f"/sessions/{session['id']}/messages", body, HTTP_IDEMPOTENCY_KEY=message_key)
     assert (first.status_code, second.status_code) == (201, 201)
-    assert second.json() == first.json() and second.headers["Idempotent-Replayed"] == "true"
+    assert second.json() == first.json() and second["Idempotent-Replayed"] == "true"
     run_id = first.json()["run"]["id"]
-    wait_for(lambda: _done(run_id), timeout=120, message="the run to finish")
+    drive_until(run_id, RunStatus.COMPLETED)
     assert Run.objects.filter(session_id=session["id"]).count() == 1
     assert Message.objects.filter(session_id=session["id"], role=MessageRole.USER).count() == 1
     assert not PendingInput.objects.filter(session_id=session["id"]).exists()
 
-    other = api.post(f"/sessions/{session['id']}/messages", json={"content": "something else"},
-                     headers={"Idempotency-Key": message_key})
+    other = api.post(f"/sessions/{session['id']}/messages", {"content": "something else"},
+                     HTTP_IDEMPOTENCY_KEY=message_key)
     assert other.status_code == 409 and other.json()["code"] == "idempotency_key_reused"
-    refused = api.post(f"/sessions/{session['id']}/messages", json={"content": ""}, headers={"Idempotency-Key": "k-422"})
-    replayed = api.post(f"/sessions/{session['id']}/messages", json={"content": ""}, headers={"Idempotency-Key": "k-422"})
-    assert refused.status_code == replayed.status_code == 422 and replayed.headers["Idempotent-Replayed"] == "true"
-    bad = api.post("/sessions", json={"title": "x"}, headers={"Idempotency-Key": "x" * 256})
+    refused = api.post(f"/sessions/{session['id']}/messages", {"content": ""}, HTTP_IDEMPOTENCY_KEY="k-422")
+    replayed = api.post(f"/sessions/{session['id']}/messages", {"content": ""}, HTTP_IDEMPOTENCY_KEY="k-422")
+    assert refused.status_code == replayed.status_code == 422 and replayed["Idempotent-Replayed"] == "true"
+    bad = api.post("/sessions", {"title": "x"}, HTTP_IDEMPOTENCY_KEY="x" * 256)
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_idempotency_key"
     # Keys belong to their caller: another client's same key is a request of its own.
-    stranger = _api(procs, UserFactory(username="stranger")).post("/sessions", json={"title": "once"},
-                                                                  headers={"Idempotency-Key": key})
+    stranger = _api(UserFactory(username="stranger")).post("/sessions", {"title": "once"}, HTTP_IDEMPOTENCY_KEY=key)
     assert stranger.status_code == 201 and stranger.json()["id"] != session["id"]
 
 
-def test_retention_archives_then_erases_idle_sessions_through_one_audited_path(procs, demo_world, tmp_path):
-    procs.start_web()
-    procs.start_workers(workers=1)
+def test_retention_archives_then_erases_idle_sessions_through_one_audited_path(tmp_path):
     customer = UserFactory(username="forgettable")
-    api = _api(procs, customer)
-    done = api.post("/sessions", json={"title": "done"}).json()
-    run_id = api.post(f"/sessions/{done['id']}/messages", json={"content": "What's the weather in Paris?"}).json()["run"]["id"]
-    wait_for(lambda: _done(run_id), timeout=120, message="the run to finish")
-    busy = api.post("/sessions", json={"title": "busy"}).json()
-    busy_run = api.post(f"/sessions/{busy['id']}/messages", json={"content": "Refund order 9527"}).json()["run"]["id"]
-    wait_for(lambda: Run.objects.get(pk=busy_run).wait_reason == WaitReason.APPROVAL, timeout=120, message="the refund to wait")
+    api = _api(customer)
+    done = api.post("/sessions", {"title": "done"}).json()
+    run_id = api.post(f"/sessions/{done['id']}/messages", {"content": "What's the weather in Paris?"}).json()["run"]["id"]
+    drive_until(run_id, RunStatus.COMPLETED)
+    busy = api.post("/sessions", {"title": "busy"}).json()
+    busy_run = api.post(f"/sessions/{busy['id']}/messages", {"content": "Refund order 9527"}).json()["run"]["id"]
+    drive_until(busy_run, RunStatus.WAITING, WaitReason.APPROVAL)
     operator = UserFactory(username="dpo", is_staff=True)
     archive = tmp_path / "erased.jsonl"
 
-    result = subprocess.run(
-        [sys.executable, "manage.py", "erase_sessions", "--user", "forgettable", "--archive", str(archive),
-         "--by", "dpo", "--reason", "erasure request #42"],
-        cwd=ROOT, env={**procs.base_env, "DATABASE_URL": database_url_of_the_tests()}, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
+    printed = io.StringIO()
+    call_command("erase_sessions", "--user", "forgettable", "--archive", str(archive), "--by", "dpo",
+                 "--reason", "erasure request #42", stdout=printed)
 
     assert not Session.objects.filter(pk=done["id"]).exists()
     assert not Run.objects.filter(pk=run_id).exists() and not Message.objects.filter(session_id=done["id"]).exists()
     assert Session.objects.filter(pk=busy["id"]).exists() and Run.objects.get(pk=busy_run).status == RunStatus.WAITING
-    assert f"left {busy['id']}" in result.stdout
+    assert f"left {busy['id']}" in printed.getvalue()
     (record,) = [json.loads(line) for line in archive.read_text().splitlines()]
     assert record["session"]["id"] == done["id"] and record["runs"][0]["id"] == run_id
     assert any("weather in Paris" in m["content"] for m in record["messages"])

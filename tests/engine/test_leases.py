@@ -13,7 +13,7 @@ from engine.sweeper import sweep_once
 from runs_app.models import Run, RunEvent, RunStatus
 from engine.state import run_write
 from runs_app.transitions import LeaseLost
-from tests.factories import RunFactory, StepFactory, ToolCallFactory
+from tests.support.factories import RunFactory, StepFactory, ToolCallFactory
 from tools_app.models import ToolCall, ToolCallStatus
 from engine.state import tool_call_transition
 

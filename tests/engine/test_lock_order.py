@@ -20,7 +20,7 @@ from django.db import connection
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus, WaitReason
 from engine.actions.sessions import session_open
-from tests.factories import ApiKeyFactory, UserFactory
+from tests.support.factories import ApiKeyFactory, UserFactory
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -140,7 +140,8 @@ def _waiting_for_approval(customers, first_order: int) -> list[Approval]:
 
 def test_bursts_of_input_to_an_active_run_never_deadlock(procs, demo_world):
     procs.base_env.update(PGAPPNAME=APPLICATION, WARDEN_SCRIPTED_DELAY_SECONDS="0.02")
-    procs.start_web()
+    procs.keep_shared = False  # every connection of the processes is counted below
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     procs.start_sweeper()
     customers = [Customer(procs.base_url, i) for i in range(SESSIONS)]

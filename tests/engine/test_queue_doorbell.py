@@ -20,7 +20,7 @@ from engine.actions.messages import message_post
 from engine.broker import LISTENER_APPLICATION_NAME, DoorbellBroker
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from tests.factories import RunFactory, StepFactory, ToolCallFactory
+from tests.support.factories import RunFactory, StepFactory, ToolCallFactory
 from tools_app.models import ToolCall, ToolCallStatus
 from engine.actions.reconciliation import tool_call_reconcile_auto
 
@@ -55,7 +55,7 @@ def test_an_operators_query_is_permission_checked_and_audited(unknown_refund):
     from django.contrib.auth.models import Permission
 
     from approvals_app.models import AuditEntry
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
     from config.errors import WardenError
 
     outsider = UserFactory()
@@ -77,7 +77,7 @@ def test_an_expired_request_can_no_longer_be_approved(transactional_db):
     from approvals_app.errors import ApprovalRefusal
     from config.errors import WardenError
     from engine.actions.approvals import approval_decide
-    from tests.factories import ApprovalFactory, UserFactory
+    from tests.support.factories import ApprovalFactory, UserFactory
 
     approval = ApprovalFactory(expires_at=timezone.now() - timedelta(seconds=1))
     Run = type(approval.run)

@@ -20,7 +20,7 @@ from notifications.models import NotificationKind, WebhookDelivery, WebhookEndpo
 from runs_app.models import Run, RunEvent, RunStatus, Step
 from sessions_app.models import InputMode, Message, Session
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tools_app import registry
 from demo.agent import DEMO_AGENT_SLUG
 from tools_app.models import ToolCall, ToolCallStatus

@@ -19,7 +19,7 @@ from engine.actions.messages import message_post
 from sessions_app.models import Message, MessageRole
 from sessions_app.services import messages_append
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -168,7 +168,7 @@ def test_a_failing_read_is_retried_and_its_attempts_counted(sim):
 
 def test_the_same_refund_requested_twice_in_one_turn_is_booked_once(sim):
     from engine.actions.approvals import approval_decide
-    from tests.factories import UserFactory as Users
+    from tests.support.factories import UserFactory as Users
     from demo.selectors import sim_refund_count
 
     run = drive(start("Check order 9527 and refund it if it's eligible", faults=[None, "duplicate_refund"]))

@@ -44,7 +44,7 @@ def test_rows_queued_under_the_earlier_paths_are_rewritten_to_the_engines():
 
 @pytest.mark.django_db(transaction=True)  # a task manages its own connection, as in a worker
 def test_a_task_for_a_run_that_is_not_claimable_is_a_harmless_no_op():
-    from tests.factories import RunFactory
+    from tests.support.factories import RunFactory
 
     run = RunFactory(status="completed", phase="", finished_at="2026-01-01T00:00:00Z")
     assert tasks.advance_run(str(run.id)) == "not-claimable"

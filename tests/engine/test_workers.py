@@ -11,7 +11,7 @@ from runs_app.models import Run, RunEvent, RunStatus, Step, WaitReason
 from sessions_app.models import MessageRole
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.support.processes import wait_for
 from tools_app.models import ToolCall, ToolCallStatus
 
@@ -38,7 +38,7 @@ def _seqs_gap_free(run_id):
 
 
 def test_weather_question_completes_through_real_workers(procs, demo_world):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     run = _post("What's the weather in Paris?")
     wait_for(lambda: _status(run.id) in ("completed", "failed"), message="the run to finish")
@@ -59,7 +59,7 @@ def test_weather_question_completes_through_real_workers(procs, demo_world):
 def test_refund_request_stops_at_operator_approval(procs, demo_world):
     from demo.selectors import sim_refund_count
 
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2)
     run = _post("Check order 9527 and refund it if it's eligible")
     wait_for(lambda: _status(run.id) in ("waiting", "completed", "failed"), message="the run to suspend")
@@ -78,7 +78,7 @@ def test_refund_request_stops_at_operator_approval(procs, demo_world):
 def test_two_workers_racing_for_one_run_exactly_one_drives_it(procs, demo_world):
     from django_q.tasks import async_task
 
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers("cluster-a", workers=1)
     procs.start_workers("cluster-b", workers=1)
     run = _post("What's the weather in Rome?")
@@ -95,7 +95,7 @@ def test_two_workers_racing_for_one_run_exactly_one_drives_it(procs, demo_world)
 
 
 def test_a_killed_workers_run_is_taken_over_after_lease_expiry(procs, demo_world):
-    procs.start_web()
+    procs.start_web(simulator=True)
     # This cluster's workers SIGKILL themselves in the middle of a model stream.
     procs.start_workers("doomed", workers=1, env={"WARDEN_FAULT_POINTS": "mid_model_stream=die"})
     run = _post("What's the weather in Oslo?", provider_options={"delay": 0.06})
@@ -119,7 +119,7 @@ def test_a_killed_workers_run_is_taken_over_after_lease_expiry(procs, demo_world
 def test_a_stalled_worker_resumed_after_takeover_writes_nothing(procs, demo_world):
     from django_q.models import Task
 
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers("stalled", workers=1)
     run = _post("What's the weather in Lisbon?", provider_options={"delay": 0.3})
     wait_for(
@@ -163,7 +163,7 @@ def test_weather_and_refund_flows_through_the_openai_provider(procs, demo_world)
 
     port = free_port()
     procs.start("fake-openai", [sys.executable, "-m", "tests.support.fake_openai_server", "--port", str(port)])
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(workers=2, env={"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "test"})
     with override_settings(WARDEN_MODEL_PROVIDER="openai"):
         weather = _post("What's the weather in Paris?")

@@ -6,7 +6,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from tests.factories import ApprovalFactory, MessageFactory, RunEventFactory, SessionFactory, UserFactory
+from tests.support.factories import ApprovalFactory, MessageFactory, RunEventFactory, SessionFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

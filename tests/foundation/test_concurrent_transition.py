@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus
 from engine.state import run_transition
-from tests.factories import RunFactory
+from tests.support.factories import RunFactory
 
 
 @pytest.mark.django_db(transaction=True)

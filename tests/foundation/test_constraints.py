@@ -5,7 +5,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.utils import DatabaseError
 
-from tests.factories import (
+from tests.support.factories import (
     ApprovalFactory,
     MessageFactory,
     PendingInputFactory,
@@ -204,7 +204,7 @@ def test_messages_refuse_orm_update():
 
 
 def test_audit_entries_refuse_update_and_delete():
-    from tests.factories import AuditEntryFactory
+    from tests.support.factories import AuditEntryFactory
 
     entry = AuditEntryFactory()
     for sql in (

@@ -1,6 +1,6 @@
 """The event types are one enum, and docs/EVENTS.md documents each of them (the SSE and websocket
 contract). The whole suite also checks every event its runs emit against the document
-(tests/conftest.py); here: the document and the enum agree, and nothing else can be written."""
+(tests/support/plugin.py); here: the document and the enum agree, and nothing else can be written."""
 
 import pytest
 from django.db import transaction
@@ -8,7 +8,7 @@ from django.db import transaction
 from runs_app.events import RunEventType
 from runs_app.models import RunEvent
 from engine.state import run_write
-from tests.factories import RunFactory
+from tests.support.factories import RunFactory
 from tests.support.event_contract import documented, undocumented
 
 pytestmark = pytest.mark.django_db

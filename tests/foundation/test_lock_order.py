@@ -24,8 +24,8 @@ from engine.actions.cancel import run_cancel_request
 from engine.actions.messages import message_post
 from engine.actions.reconciliation import tool_call_resolve
 from sessions_app.services import session_lock
-from tests.api.conftest import build_world
-from tests.factories import UserFactory
+from tests.support.api import build_world
+from tests.support.factories import UserFactory
 from tests.support.processes import test_database_url as database_url_of_the_tests
 from tests.support.processes import wait_for
 

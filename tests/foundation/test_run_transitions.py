@@ -9,7 +9,7 @@ from django.utils import timezone
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, WaitReason
 from engine.state import run_create, run_transition
 from runs_app.transitions import RUN_TRANSITIONS, IllegalTransition, LeaseLost
-from tests.factories import RunFactory, SessionFactory
+from tests.support.factories import RunFactory, SessionFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepStatus
 from engine.state import run_transition, run_write, step_transition
 from runs_app.transitions import STEP_TRANSITIONS, IllegalTransition, LeaseLost
-from tests.factories import RunFactory, StepFactory, ToolCallFactory
+from tests.support.factories import RunFactory, StepFactory, ToolCallFactory
 from tools_app.models import FINAL_TOOL_CALL_STATUSES, ToolCall, ToolCallStatus, ToolEffect
 from engine.state import tool_call_transition
 from tools_app.transitions import TOOL_CALL_TRANSITIONS

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.operations.conftest import samples
+from tests.support.metrics import samples
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 _NAME = re.compile(r"\b((?:warden|django_http)_[a-z_]+)")

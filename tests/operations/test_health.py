@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from operations.liveness import heartbeat_write
 from operations.models import ProcessHeartbeat, ProcessRole
-from tests.operations.conftest import FAST
+from tests.support.metrics import FAST
 from tests.support.processes import ROOT, ProcessGroup, wait_for
 
 

@@ -21,9 +21,9 @@ from operations.models import ProcessRole
 from runs_app.models import Run, RunEvent, RunStatus, Step, WaitReason
 from sessions_app.api_keys import api_key_create
 from engine.actions.sessions import session_open
-from tests.console.helpers import ConsoleSocket, open_socket
-from tests.factories import ToolCallFactory, UserFactory
-from tests.operations.conftest import samples, value
+from tests.support.console import ConsoleSocket, open_socket
+from tests.support.factories import ToolCallFactory, UserFactory
+from tests.support.metrics import samples, value
 from tests.support.processes import wait_for
 from demo.services import sim_fault_set
 from tools_app.models import ToolCall, ToolCallStatus
@@ -64,7 +64,7 @@ def test_metrics_report_what_happened_in_a_refund_scenario(procs, demo_world, op
     customer = UserFactory(username="metrics-customer")
     # Prices per million tokens, read by the web process that answers the scrape.
     procs.base_env["WARDEN_MODEL_PRICES"] = json.dumps({"scripted": {"input": 3, "output": 15}})
-    procs.start_web()
+    procs.start_web(simulator=True)
 
     # A worker stalls mid-stream; the sweeper revokes its lease, a successor finishes the run,
     # and the stalled worker's next write is refused when it wakes up.

@@ -15,11 +15,11 @@ from engine.actions.messages import message_post
 from engine.loop import run_drive
 from runs_app.models import Run, RunStatus, Step
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tests.support.processes import LOG_DIR, wait_for
 from tools_app.models import ToolCall
 
-pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(params=[False, True], ids=["default", "sql-spans"])
@@ -34,9 +34,8 @@ def spans(request):
     connection.close()
 
 
-def test_a_runs_spans_nest_model_and_tool_calls_under_its_time_slice(procs, demo_world, settings, spans):
-    procs.start_web()  # the simulated services the weather tool calls over HTTP
-    settings.WARDEN_SIM_BASE_URL = f"{procs.base_url}/sim"
+def test_a_runs_spans_nest_model_and_tool_calls_under_its_time_slice(simulator, demo_world, spans):
+    # `simulator`: the simulated services the weather tool calls over HTTP.
     user = UserFactory()
     session = session_open(owner=user, title="tracing")
     run = message_post(session=session, content="What's the weather in Paris?", acting_user=user,
@@ -74,8 +73,9 @@ def test_a_runs_spans_nest_model_and_tool_calls_under_its_time_slice(procs, demo
     assert bool(sql) is spans.sql
 
 
+@pytest.mark.processes
 def test_a_workers_log_lines_are_json_and_carry_the_run(procs, demo_world):
-    procs.start_web()
+    procs.start_web(simulator=True)
     procs.start_workers(env={"WARDEN_LOG_FORMAT": "json"})
     user = UserFactory()
     session = session_open(owner=user, title="logs")

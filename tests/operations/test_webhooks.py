@@ -24,7 +24,7 @@ from engine.sweeper import sweep_once
 from notifications.models import DeliveryStatus, NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus
 from notifications.outbox import webhook_signature
-from tests.factories import ApprovalFactory, RunFactory, ToolCallFactory
+from tests.support.factories import ApprovalFactory, RunFactory, ToolCallFactory
 from tests.support.processes import free_port, wait_for
 from tools_app.models import ToolCallStatus, ToolEffect
 

@@ -1,6 +1,7 @@
 """The OpenAI-compatible provider against a server we did not write: LLMock (a third-party chaos
-server for LLM clients, installed with the test extras), driven over its own HTTP control API,
-with real worker processes running the runs. What a server reports is charged; a length cut asks
+server for LLM clients, installed with the test extras, a process of its own), driven over its own
+HTTP control API, with the runs driven as worker tasks drive them (in this process:
+tests/support/drive.py). What a server reports is charged; a length cut asks
 again with a larger limit or fails fast; invalid output backs off and stops early; transient errors
 do not spend the call budget; 409 is retried as the official SDK would."""
 
@@ -10,15 +11,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from django.test import override_settings
 
 from engine.actions.messages import message_post
 from runs_app.models import Run, RunErrorCode, RunEvent, RunStatus, Step, StepKind, StepStatus
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
+from tests.support.drive import drive_to_end
 from tests.support.processes import free_port, wait_for
 
-pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
@@ -51,30 +52,25 @@ def llmock(procs):
     client.close()
 
 
-def _start(procs, llmock, *, budgets=None, options=None, **env) -> Run:
-    procs.base_env.update({"OPENAI_BASE_URL": llmock.base_url, "OPENAI_API_KEY": "llmock", **env})
-    procs.start_workers(workers=1)
-    procs.start_sweeper()
+def _start(llmock, settings, *, budgets=None, options=None, **overrides) -> Run:
+    """A run of the openai provider against LLMock (settings `overrides` as a deployment's environment)."""
+    settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY, settings.WARDEN_MODEL_PROVIDER = llmock.base_url, "llmock", "openai"
+    settings.WARDEN_RETRY_BASE_SECONDS = 0.1
+    for name, value in overrides.items():
+        setattr(settings, name, value)
     user = UserFactory(username="llm-user")
     session = session_open(owner=user, title="llmock")
-    with override_settings(WARDEN_MODEL_PROVIDER="openai"):
-        return message_post(session=session, content="Say hello", acting_user=user, budgets=budgets,
-                            provider_options=options or {}).run
-
-
-def _finished(run: Run) -> Run:
-    wait_for(lambda: Run.objects.get(pk=run.pk).status in (RunStatus.COMPLETED, RunStatus.FAILED), timeout=120,
-             message="the run to finish")
-    return Run.objects.get(pk=run.pk)
+    return message_post(session=session, content="Say hello", acting_user=user, budgets=budgets,
+                        provider_options=options or {}).run
 
 
 def _model_steps(run: Run):
     return list(Step.objects.filter(run=run, kind=StepKind.MODEL).order_by("index"))
 
 
-def test_every_token_the_server_reports_is_charged_rejected_output_included(procs, llmock):
+def test_every_token_the_server_reports_is_charged_rejected_output_included(llmock, settings):
     llmock.scenario({"type": "reply", "text": "cut off mid", "finish_reason": "content_filter"})
-    run = _finished(_start(procs, llmock))
+    run = drive_to_end(_start(llmock, settings))
 
     assert run.status == RunStatus.COMPLETED
     steps = _model_steps(run)
@@ -83,37 +79,37 @@ def test_every_token_the_server_reports_is_charged_rejected_output_included(proc
     assert run.tokens_used == sum(s.input_tokens + s.output_tokens for s in steps)
 
 
-def test_a_length_cut_asks_again_with_a_larger_limit(procs, llmock):
+def test_a_length_cut_asks_again_with_a_larger_limit(llmock, settings):
     llmock.scenario({"type": "reply", "text": "too long for", "finish_reason": "length"})
-    run = _finished(_start(procs, llmock, options={"max_tokens": 100}))
+    run = drive_to_end(_start(llmock, settings, options={"max_tokens": 100}))
 
     assert run.status == RunStatus.COMPLETED
     assert [r["body"]["max_tokens"] for r in llmock.requests()] == [100, 200]
 
 
-def test_a_length_cut_at_the_largest_limit_fails_fast_with_its_own_code(procs, llmock):
+def test_a_length_cut_at_the_largest_limit_fails_fast_with_its_own_code(llmock, settings):
     llmock.scenario({"type": "reply", "text": "never fits", "finish_reason": "length", "times": None})
-    run = _finished(_start(procs, llmock, options={"max_tokens": 100}, WARDEN_MODEL_MAX_OUTPUT_TOKENS_CEILING="200"))
+    run = drive_to_end(_start(llmock, settings, options={"max_tokens": 100}, WARDEN_MODEL_MAX_OUTPUT_TOKENS_CEILING=200))
 
     assert (run.status, run.error_code) == (RunStatus.FAILED, RunErrorCode.OUTPUT_TRUNCATED)
     assert [r["body"]["max_tokens"] for r in llmock.requests()] == [100, 200]
 
 
-def test_the_same_invalid_output_again_stops_the_run_early(procs, llmock):
+def test_the_same_invalid_output_again_stops_the_run_early(llmock, settings):
     bad = {"type": "reply", "tool_calls": [{"name": "transfer_all_funds", "arguments": {"to": "x"}}], "times": None}
     llmock.scenario(bad)
-    run = _finished(_start(procs, llmock, budgets={"max_model_calls": 20}))
+    run = drive_to_end(_start(llmock, settings, budgets={"max_model_calls": 20}))
 
     assert (run.status, run.error_code) == (RunStatus.FAILED, RunErrorCode.INVALID_OUTPUT)
     assert "twice in a row" in run.error_detail
     assert len(llmock.requests()) == 2  # not the whole budget of 20
 
 
-def test_invalid_output_backs_off_before_asking_a_third_time(procs, llmock):
+def test_invalid_output_backs_off_before_asking_a_third_time(llmock, settings):
     # Two different rejections (one behaviour of a kind per request, in order), then a good answer.
     llmock.scenario({"type": "reply", "text": "cut", "finish_reason": "content_filter"},
                     {"type": "reply", "tool_calls": [{"name": "transfer_all_funds", "arguments": {"to": "x"}}]})
-    run = _finished(_start(procs, llmock, WARDEN_MAX_INVALID_OUTPUTS="5", WARDEN_RETRY_BASE_SECONDS="0.2"))
+    run = drive_to_end(_start(llmock, settings, WARDEN_MAX_INVALID_OUTPUTS=5, WARDEN_RETRY_BASE_SECONDS=0.2))
 
     assert run.status == RunStatus.COMPLETED, run.error_detail
     waits = [e.payload for e in RunEvent.objects.filter(run=run, type="run_status", payload__wait_reason="retry_backoff")]
@@ -122,17 +118,17 @@ def test_invalid_output_backs_off_before_asking_a_third_time(procs, llmock):
     assert len(llmock.requests()) == 3
 
 
-def test_transient_errors_do_not_spend_the_call_budget(procs, llmock):
+def test_transient_errors_do_not_spend_the_call_budget(llmock, settings):
     llmock.scenario({"type": "fail", "status": 503, "times": None})
-    run = _finished(_start(procs, llmock, budgets={"max_model_calls": 2}, WARDEN_MAX_MODEL_RETRIES="3"))
+    run = drive_to_end(_start(llmock, settings, budgets={"max_model_calls": 2}, WARDEN_MAX_MODEL_RETRIES=3))
 
     assert (run.status, run.error_code) == (RunStatus.FAILED, RunErrorCode.MODEL_RETRIES)
     assert len(llmock.requests()) == 4  # the first call and three retries, on a budget of two calls
 
 
-def test_a_conflict_is_retried_and_retry_after_is_honoured(procs, llmock):
+def test_a_conflict_is_retried_and_retry_after_is_honoured(llmock, settings):
     llmock.scenario({"type": "fail", "status": 409, "times": 1}, {"type": "fail", "status": 429, "retry_after": 1, "times": 1})
-    run = _finished(_start(procs, llmock))
+    run = drive_to_end(_start(llmock, settings))
 
     assert run.status == RunStatus.COMPLETED
     calls = llmock.requests()

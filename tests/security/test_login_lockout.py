@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db.models import F
 from django.test import Client
 
-from tests.factories import TEST_PASSWORD, UserFactory
+from tests.support.factories import TEST_PASSWORD, UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ missing file, never a 500 and never a file from outside."""
 
 import pytest
 
-from tests.security.helpers import raw_get
+from tests.support.raw_http import raw_get
 
 pytestmark = pytest.mark.processes
 

@@ -13,8 +13,8 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from tests.factories import UserFactory
-from tests.security.helpers import raw_get
+from tests.support.factories import UserFactory
+from tests.support.raw_http import raw_get
 from tests.support import processes
 from tests.support.processes import ROOT, free_port
 

@@ -3,7 +3,7 @@ from engine.actions.approvals import approval_decide
 from runs_app.models import TERMINAL_STATUSES, Run, RunEvent, RunStatus, WaitReason
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
 

@@ -41,7 +41,7 @@ def postgres_layer_for_test_db() -> dict:
 
 def require_redis() -> None:
     """The tests that call this carry the `redis` marker: without REDIS_URL (a fresh laptop, the
-    README's `make test`) they are deselected before they start (tests/conftest.py). Selected,
+    README's `make test`) they are deselected before they start (tests/support/plugin.py). Selected,
     they need the Redis it names: a Redis that does not answer fails them, never skips them."""
     import pytest
     import redis

@@ -1,0 +1,309 @@
+"""A factory for every model of the project (tests/foundation/test_factories.py checks there is one),
+with the sane defaults each needs; the demo world's included, since the suite runs in demo mode."""
+
+import functools
+from datetime import timedelta
+from decimal import Decimal
+
+import factory
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
+from django.utils import timezone
+
+from agents.models import Agent, AgentVersion
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, AuditEntry
+from demo.models import SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel, SimWebhookReceipt
+from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from operations.models import ProcessHeartbeat, ProcessRole
+from runs_app.models import ContextSummary, Run, RunEvent, Step, StepKind
+from sessions_app.models import IdempotencyRecord, Message, MessageRole, PendingInput, Session
+from tools_app.models import ToolCall, ToolEffect
+
+TEST_PASSWORD = "pw-for-tests"
+
+
+@functools.cache
+def _test_password_hash() -> str:
+    # Hashing is deliberately slow; hash the shared test password once per process.
+    return make_password(TEST_PASSWORD)
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    password = factory.LazyFunction(_test_password_hash)
+
+
+class SessionFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Session
+
+    owner = factory.SubFactory(UserFactory)
+    title = factory.Sequence(lambda n: f"Session {n}")
+
+
+class MessageFactory(factory.django.DjangoModelFactory):
+    """Appends with the next seq; messages are append-only, so this never updates a row."""
+
+    class Meta:
+        model = Message
+
+    session = factory.SubFactory(SessionFactory)
+    role = MessageRole.USER
+    content = factory.Faker("sentence")
+    seq = factory.LazyAttribute(lambda m: (m.session.messages.order_by("-seq").values_list("seq", flat=True).first() or 0) + 1)
+
+
+class PendingInputFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = PendingInput
+
+    session = factory.SubFactory(SessionFactory)
+    content = factory.Faker("sentence")
+
+
+class RunFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Run
+
+    session = factory.SubFactory(SessionFactory)
+    created_by = factory.LazyAttribute(lambda r: r.session.owner)
+    max_model_calls = 10
+    max_tokens = 100_000
+    deadline = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))
+
+
+class StepFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Step
+
+    run = factory.SubFactory(RunFactory)
+    index = factory.Sequence(lambda n: n)
+    kind = StepKind.MODEL
+
+
+class RunEventFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = RunEvent
+
+    run = factory.SubFactory(RunFactory)
+    seq = factory.Sequence(lambda n: n + 1)
+    type = "input_queued"
+
+
+class ToolCallFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = ToolCall
+
+    step = factory.SubFactory(StepFactory)
+    run = factory.LazyAttribute(lambda t: t.step.run)
+    index = 0
+    tool_call_id = factory.Sequence(lambda n: f"call_{n}")
+    tool_name = "query_order"
+    arguments = factory.LazyFunction(lambda: {"order_id": "9527"})
+    effect = ToolEffect.READ
+
+
+class ApprovalFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Approval
+
+    tool_call = factory.SubFactory(
+        ToolCallFactory, tool_name="execute_refund", effect=ToolEffect.WRITE, arguments={"order_id": "9527", "amount": "10.00"}
+    )
+    run = factory.LazyAttribute(lambda a: a.tool_call.run)
+    policy = ApprovalPolicy.OPERATOR
+    expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))
+
+
+class AuditEntryFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = AuditEntry
+
+    actor = factory.SubFactory(UserFactory)
+    action = "approve"
+    object_type = "approval"
+    object_id = factory.Sequence(lambda n: str(n))
+
+
+class ApiKeyFactory(factory.django.DjangoModelFactory):
+    """Created through api_key_create; the secret, shown once, is kept on `.secret` for tests."""
+
+    class Meta:
+        model = "sessions_app.ApiKey"
+
+    owner = factory.SubFactory(UserFactory)
+    name = factory.Sequence(lambda n: f"key {n}")
+
+    @classmethod
+    def _create(cls, model_class, *, owner, name, **kwargs):
+        from sessions_app.api_keys import api_key_create
+
+        api_key, secret = api_key_create(owner=owner, name=name)
+        api_key.secret = secret
+        return api_key
+
+
+class ContextSummaryFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = ContextSummary
+
+    session = factory.SubFactory(SessionFactory)
+    covers_through_seq = factory.Sequence(lambda n: n + 1)
+    content = "Numbers mentioned: 9527. Said: user: refund order 9527"
+
+
+class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = IdempotencyRecord
+
+    owner = factory.SubFactory(UserFactory)
+    key = factory.Sequence(lambda n: f"idem-{n}")
+    request_hash = "0" * 64
+    method = "POST"
+    path = "/api/v1/sessions"
+    status_code = 201
+    response_body = b'{"id": "x"}'
+    response_content_type = "application/json"
+
+
+class ApprovalDecisionFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = ApprovalDecision
+
+    approval = factory.SubFactory(ApprovalFactory)
+    decided_by = factory.SubFactory(UserFactory)
+    decision = "approve"
+
+
+class AgentFactory(factory.django.DjangoModelFactory):
+    """An agent with one version, its current one (versions are immutable: a new one is agent_save's)."""
+
+    class Meta:
+        model = Agent
+        django_get_or_create = ("slug",)
+        skip_postgeneration_save = True  # the hook writes what it sets itself
+
+    slug = factory.Sequence(lambda n: f"agent-{n}")
+    name = factory.LazyAttribute(lambda a: a.slug.replace("-", " ").capitalize())
+
+    @factory.post_generation
+    def version(agent, create, extracted, **kwargs):
+        if not create or agent.current_version_id:
+            return
+        version = AgentVersionFactory(agent=agent, name=agent.name, **kwargs)
+        Agent.objects.filter(pk=agent.pk).update(current_version=version)
+        agent.current_version = version
+
+
+class AgentVersionFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = AgentVersion
+
+    agent = factory.SubFactory(AgentFactory, version=None)
+    number = factory.LazyAttribute(lambda v: (v.agent.versions.order_by("-number").values_list("number", flat=True).first() or 0) + 1)
+    name = factory.LazyAttribute(lambda v: v.agent.name)
+    instructions = "You help customers with their orders."
+    provider = "scripted"
+    tools = factory.LazyFunction(lambda: ["query_order"])
+
+
+class WebhookEndpointFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = WebhookEndpoint
+
+    name = factory.Sequence(lambda n: f"receiver {n}")
+    url = factory.Sequence(lambda n: f"https://hooks.example.com/{n}")
+    kinds = factory.LazyFunction(lambda: [NotificationKind.APPROVAL_REQUESTED])
+
+
+class WebhookDeliveryFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = WebhookDelivery
+
+    endpoint = factory.SubFactory(WebhookEndpointFactory)
+    kind = NotificationKind.APPROVAL_REQUESTED
+    body = factory.LazyFunction(lambda: {"type": "approval.requested", "timestamp": "2026-01-01T00:00:00Z", "data": {}})
+
+
+class WebhookAttemptFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = WebhookAttempt
+
+    delivery = factory.SubFactory(WebhookDeliveryFactory)
+    number = factory.Sequence(lambda n: n + 1)
+    deliverer = "host:1:deliverer"
+    started_at = factory.LazyFunction(timezone.now)
+
+
+class ProcessHeartbeatFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = ProcessHeartbeat
+        django_get_or_create = ("identity",)
+
+    identity = factory.Sequence(lambda n: f"host:{1000 + n}:beat")
+    role = ProcessRole.WORKER
+    host = "host"
+    pid = factory.Sequence(lambda n: 1000 + n)
+    cluster = "host:1"
+    started_at = factory.LazyFunction(timezone.now)
+    beat_at = factory.LazyFunction(timezone.now)
+
+
+class SimOrderFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = SimOrder
+        django_get_or_create = ("order_id",)
+
+    order_id = factory.Sequence(lambda n: str(5000 + n))
+    user_id = "u1"
+    amount = Decimal("25.00")
+    currency = "USD"
+    refund_eligible = True
+
+
+class SimUserLevelFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = SimUserLevel
+        django_get_or_create = ("user_id",)
+
+    user_id = factory.Sequence(lambda n: f"user{n}")
+    level = "gold"
+
+
+class SimRefundFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = SimRefund
+
+    refund_id = factory.Sequence(lambda n: f"rf_factory{n}")
+    order = factory.SubFactory(SimOrderFactory)
+    amount = factory.LazyAttribute(lambda r: r.order.amount)
+    currency = factory.LazyAttribute(lambda r: r.order.currency)
+    reason = "customer request"
+    idempotency_key = factory.Sequence(lambda n: f"key-{n}")
+
+
+class SimFaultFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = SimFault
+        django_get_or_create = ("target",)
+
+    target = SimFaultTarget.REFUND
+    mode = SimFaultMode.ERROR_BEFORE_BOOKING
+    delay_seconds = 1.0
+    remaining = 1
+
+
+class SimWebhookReceiptFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = SimWebhookReceipt
+
+    webhook_id = factory.Sequence(lambda n: f"msg_{n}")
+    webhook_timestamp = "1767225600"
+    kind = "approval.requested"
+    body = '{"type": "approval.requested"}'
+    signature_valid = True
