@@ -30,6 +30,13 @@ per text delta.
    state (its queue, its "lock") is dropped once its last receive is cancelled — how the console
    and the SSE stream end, and the end of such a channel on the Redis pub/sub layer too — or
    the process would keep one queue per client that ever connected, and go on filling it.
+4. The library's listener ends for good when its LISTEN connection is lost (a PostgreSQL
+   restart, a terminated backend) — while `receive()` goes on believing it runs — and when
+   anyone on the database NOTIFYs its shutdown message, which every listener on the database
+   hears: one process stopping its own listener silenced every web process's live delivery.
+   Here the listener outlives its connection (it connects again and first reads what was
+   queued meanwhile, as at its start), ignores the broadcast, and ends only by
+   `listener_stop()`, in its own process.
 """
 
 import asyncio
@@ -39,6 +46,7 @@ import logging
 import time
 from datetime import timedelta
 
+import psycopg
 from channels_postgres.core import ASYNCIO_EVENT_CHANNEL_MAPPING
 from channels_postgres.core import PostgresChannelLayer as _PostgresChannelLayer
 from channels_postgres.db import GROUP_CHANNEL_TABLE, MESSAGE_TABLE, utc_now
@@ -48,6 +56,9 @@ from channels_redis.utils import _wrap_close
 from psycopg import sql
 
 logger = logging.getLogger("warden.live")
+
+# How long a listener whose LISTEN connection was lost waits before it connects again (4.).
+LISTENER_RECONNECT_SECONDS = 1.0
 
 # One row per member channel; the table's trigger NOTIFYs each (messages over 8000 bytes by id).
 _GROUP_SEND_SQL = sql.SQL(
@@ -84,6 +95,48 @@ class PostgresChannelLayer(_PostgresChannelLayer):
             self._receives[channel] -= 1
             if not self._receives[channel]:
                 del self._receives[channel]
+
+    async def listen_to_all_channels(self) -> None:
+        """This process's listener (4. above): started by the first receive(), it runs until
+        listener_stop()."""
+        self._listener = asyncio.current_task()
+        while True:
+            try:
+                await self._listen()
+            except (psycopg.OperationalError, OSError):
+                logger.warning("the channel layer's LISTEN connection was lost; connecting again", exc_info=True)
+            await asyncio.sleep(LISTENER_RECONNECT_SECONDS)
+
+    async def _listen(self) -> None:
+        """One LISTEN connection's life: what was queued for this process's channels before it
+        listened, then every NOTIFY for a channel whose messages it queues."""
+        queued = sorted(await self.django_db.retrieve_non_expired_queued_messages(), key=lambda row: int(row[0]))
+        for message_id, channel, message, expires in queued:
+            if self._channel_advisory_locks.get(channel, False):
+                self._get_or_create_queue(channel).put_nowait(
+                    f"{message_id}:{channel}:{base64.b64encode(message).decode()}:{expires}")
+        conninfo = psycopg.conninfo.make_conninfo(conninfo="", **self.db_params)
+        async with await psycopg.AsyncConnection.connect(conninfo=conninfo, autocommit=True) as connection:
+            await connection.execute("LISTEN channels_postgres_messages")
+            self.listener_task_is_running.set()
+            async for event in connection.notifies():
+                channel = event.payload.split(":")[1]
+                # Every listener sees every NOTIFY; another process's channels (and the
+                # library's shutdown broadcast, channel "shutdown") are not ours to queue.
+                if self._channel_advisory_locks.get(channel, False):
+                    self._get_or_create_queue(channel).put_nowait(event.payload)
+
+    async def listener_stop(self) -> None:
+        """End this process's listener, on the loop it runs on (the suite does before it drops
+        its database); the next receive() starts a new one."""
+        listener = getattr(self, "_listener", None)
+        if listener is not None and not listener.done():
+            listener.cancel()
+            await asyncio.wait({listener})
+        self._listener = None
+        self._listener_loop = None
+        if self.listener_task_is_running is not None:
+            self.listener_task_is_running.clear()
 
     def _get_or_create_listener_task(self):
         running, start = super()._get_or_create_listener_task()

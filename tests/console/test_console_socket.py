@@ -301,6 +301,37 @@ def test_consoles_connecting_together_get_each_doorbell_once_even_a_big_one(proc
         assert deltas == ["xxxxx", "small"], deltas
 
 
+def test_live_delivery_outlives_the_web_servers_listen_connection(procs):
+    """The web process's LISTEN connection is terminated (as a PostgreSQL restart or an
+    administrator would), and somebody NOTIFYs channels_postgres's shutdown message, which every
+    listener on the database hears: the console still hears the next doorbell
+    (config/channel_layers.py, 4.)."""
+    from django.db import connection
+
+    procs.keep_shared = False  # its web server's connection is terminated below
+    procs.start_web()
+    user = UserFactory()
+    session = session_open(owner=user, title="listener")
+    run = message_post(session=session, content="hello", acting_user=user).run
+
+    def listeners() -> list[int]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND application_name = %s AND query LIKE 'LISTEN%%'", [procs.web_application_name])
+            return [pid for (pid,) in cursor.fetchall()]
+
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        console.subscribe(session.pk)
+        run_event_append(run_id=run.pk, events=[("input_queued", {"content": "before"})])
+        console.until(lambda m: m["type"] == "events" and m["events"][-1]["payload"].get("content") == "before")
+        (lost,) = listeners()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify('channels_postgres_messages', '1:shutdown'), pg_terminate_backend(%s)", [lost])
+        wait_for(lambda: listeners() and lost not in listeners(), message="the web server to LISTEN again")
+        run_event_append(run_id=run.pk, events=[("input_queued", {"content": "after"})])
+        console.until(lambda m: m["type"] == "events" and m["events"][-1]["payload"].get("content") == "after")
+
+
 def test_a_console_joining_mid_stream_shows_the_text_so_far_without_duplicates(procs, demo_world):
     procs.start_web(simulator=True)
     procs.start_workers(workers=1)

@@ -76,23 +76,12 @@ async def clients_come_and_go(layer) -> list[str]:
         await sync_to_async(connections.close_all)()  # group_discard's ORM thread, which would keep the database open
 
 
-async def listener_stop(layer) -> None:
-    """End the layer's LISTEN connection (the library's own shutdown notification), so the test
-    database can be dropped."""
-    pool = await layer.django_db.get_db_pool(db_params=layer.db_params)
-    async with pool.connection() as conn:
-        await conn.execute("SELECT pg_notify('channels_postgres_messages', '1:shutdown')")
-    async with asyncio.timeout(TIMEOUT_SECONDS):
-        while layer.listener_task_is_running is not None and layer.listener_task_is_running.is_set():
-            await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 def layer():
     layer = get_channel_layer()
     assert isinstance(layer, PostgresChannelLayer)
     yield layer
-    on_layer_loop(listener_stop(layer))
+    on_layer_loop(layer.listener_stop())  # so the test database can be dropped
 
 
 def test_clients_that_left_hold_no_advisory_locks(layer):
