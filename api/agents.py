@@ -93,7 +93,7 @@ def _agent_save(request, payload: AgentIn, agent=None):
     return _visible_agent(request, version.agent.slug)
 
 
-@router.get("", response={200: list[AgentOut], **errors(401, 429)}, summary="List agents")
+@router.get("", response={200: list[AgentOut], **errors(400, 401, 429)}, summary="List agents")
 def agents_list(request):
     """The deployment's agents, to pick one for a new session (`POST /sessions {"agent": slug}`)."""
     return agent_list() if access.can_see_agents(user=request.auth) else []

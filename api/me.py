@@ -23,7 +23,7 @@ class MeOut(Schema):
 
 
 
-@router.get("", response={200: MeOut, **errors(401)}, summary="Who am I")
+@router.get("", response={200: MeOut, **errors(400, 401)}, summary="Who am I")
 def me(request):
     """The authenticated user and the operator permissions that widen what the API shows."""
     user = request.auth

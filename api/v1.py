@@ -88,6 +88,44 @@ def _json_method_not_allowed(view):
     return wrapper
 
 
+def _query_parameters_declared(run):
+    """(Around an operation's run.) Note on the request which query parameters the operation
+    declares, for `_known_query_parameters_only`, which runs after authentication."""
+    operation = run.__self__
+    known = frozenset(name for model in operation.models if model.__ninja_param_source__ == "query"
+                      for name in model.__ninja_flatten_map__)
+
+    @wraps(run)
+    def noted(request, *args, **kwargs):
+        request.warden_query_parameters = known
+        return run(request, *args, **kwargs)
+
+    return noted
+
+
+def _known_query_parameters_only(view_func):
+    """(Around an operation's view, after authentication and validation.) Refuse a query parameter
+    the operation does not declare — 400 `unknown_query_parameter`, naming it — instead of
+    ignoring it: a misspelt filter (`?stauts=failed`) would otherwise answer as if none had been
+    asked for."""
+
+    @wraps(view_func)
+    def checked(request, *args, **kwargs):
+        known = request.warden_query_parameters
+        unknown = sorted(set(request.GET) - known)
+        if unknown:
+            raise WardenError(
+                ApiRefusal.UNKNOWN_QUERY_PARAMETER,
+                f"Unknown query parameter {', '.join(repr(name) for name in unknown)}; this endpoint takes "
+                f"{', '.join(sorted(known)) or 'none'}.",
+                fields=[{"field": f"query.{name}", "message": "not a parameter of this endpoint",
+                         "type": ApiRefusal.UNKNOWN_QUERY_PARAMETER.value} for name in unknown],
+            )
+        return view_func(request, *args, **kwargs)
+
+    return checked
+
+
 @csrf_exempt
 def _unknown_path(request, *args, **kwargs):
     refused = WardenError(CommonRefusal.NOT_FOUND, "No such API endpoint.")
@@ -103,6 +141,9 @@ api = WardenAPI(
     throttle=API_THROTTLES,
     renderer=JsonRenderer(),
 )
+for router in (me.router, sessions.router, runs.router, agents.router, tool_calls.router, approvals.router):
+    router.add_decorator(_query_parameters_declared, mode="view")
+    router.add_decorator(_known_query_parameters_only, mode="operation")
 api.add_router("/me", me.router)
 api.add_router("/sessions", sessions.router)
 api.add_router("/runs", runs.router)

@@ -176,3 +176,16 @@ def test_unexpected_failures_are_a_json_500_and_logged(alice_api, monkeypatch, c
     body = assert_error(alice_api.get("/runs"), 500, "internal_error")
     assert "a bug" not in body["message"]
     assert "unhandled error on GET /api/v1/runs" in caplog.text
+
+
+@pytest.mark.parametrize("query, unknown", [
+    ("stauts=failed", ["stauts"]),  # a misspelt filter must not answer as if none had been asked for
+    ("status=failed&colour=red&=1", ["", "colour"]),  # an empty name too (schemathesis found it)
+])
+def test_a_query_parameter_the_endpoint_does_not_take_is_refused_by_name(world, alice_api, query, unknown):
+    body = assert_error(alice_api.get(f"/runs?{query}"), 400, "unknown_query_parameter")
+    assert [f["field"] for f in body["fields"]] == [f"query.{name}" for name in unknown]
+    assert "status" in body["message"]  # it says which parameters the endpoint takes
+    assert alice_api.get("/runs?status=failed&limit=5").status_code == 200
+    # Who asks comes first: without credentials the answer is 401, whatever the query.
+    assert_error(Client().get(f"/api/v1/runs?{query}"), 401)
