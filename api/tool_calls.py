@@ -34,6 +34,11 @@ class ToolCallOut(Schema):
     status: ToolCallStatus
     attempts: int
     idempotency_key: str | None
+    business_key: str | None = Field(description="the write's business key: the same in every run and session that "
+                                                 "asks for the same business fact (docs/EXTENDING.md)")
+    reused_from: uuid.UUID | None = Field(description="the earlier call with the same key whose outcome answered "
+                                                     "this one; this call was not executed")
+    reused_from_run: uuid.UUID | None = Field(description="that call's run, when the caller may see it")
     result: Any
     error_code: str
     error_detail: str
@@ -55,6 +60,17 @@ class ToolCallOut(Schema):
             return call.approval.pk
         except ObjectDoesNotExist:
             return None
+
+    @staticmethod
+    def resolve_reused_from(call) -> uuid.UUID | None:
+        return call.reused_from_id
+
+    @staticmethod
+    def resolve_reused_from_run(call, context) -> uuid.UUID | None:
+        if not call.reused_from_id:
+            return None
+        original = call.reused_from  # rare: a query or two for a call answered by an earlier one
+        return original.run_id if access.can_see_run(user=context["request"].auth, run=original.run) else None
 
     @staticmethod
     def resolve_resolution(call) -> str | None:

@@ -89,8 +89,9 @@ def _read(ctx: ToolContext, path: str, params: dict | None = None) -> dict:
 
 
 class _Arguments(BaseModel):
-    # Unknown fields the model invents are dropped, never stored and never acted on.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields the model invents are dropped, never stored and never acted on; text is
+    # stripped, so " 1010" is order 1010 — in the stored call and in its business key.
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
 
 class OrderArguments(_Arguments):

@@ -40,6 +40,7 @@ from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
+from tools_app.outcomes import ALREADY_DONE, ALREADY_DONE_TEXT
 from tools_app.services import tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.tools")
@@ -145,21 +146,36 @@ def tool_call_rows(*, run: Run, step: Step | None, proposed: list, lease: Lease)
 
 def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> list[tuple[str, dict]]:
     """Rows for a model turn's tool calls, in the caller's transaction. Writes get their
-    idempotency key now; a write the run already made (same key) points at the original
-    instead of getting a second call, and so does one that an earlier run this run retries
-    applied (SPEC §16: applied writes are reused, never repeated). The leading reads are marked
-    running at once."""
+    idempotency key now. A write with a business key is a fact of the deployment: if any run or
+    session already asked for it, the call points at that one (reused_from) and is answered
+    with its outcome, never executed (`_business_key_decide`). A write without one is
+    deduplicated within its run, and a retried run reuses what the runs it retries applied
+    (SPEC §16, §18). The leading reads are marked running at once."""
     has_writes = any(tool_get(c.name).effect == ToolEffect.WRITE for c in proposed)
     lineage = _retried_runs(run) if has_writes else []
+    business = {}
+    for position, call in enumerate(proposed):
+        tool = tool_get(call.name)
+        if tool.effect == ToolEffect.WRITE and tool.business_key is not None:
+            business[position] = tool.business_key_for(tool.arguments.model_validate(call.arguments))
+    asked_before: dict[str, list[ToolCall]] = {}
+    if business:
+        state.business_keys_lock(business.values())
+        for earlier in ToolCall.objects.filter(business_key__in=set(business.values()),
+                                               idempotency_key__isnull=False).order_by("created_at"):
+            asked_before.setdefault(earlier.business_key, []).append(earlier)
+    keyless = has_writes and len(business) < sum(tool_get(c.name).effect == ToolEffect.WRITE for c in proposed)
     existing = {
         c.idempotency_key: c
-        for c in ToolCall.objects.filter(run_id=run.id, effect=ToolEffect.WRITE, idempotency_key__isnull=False)
-    } if has_writes else {}
+        for c in ToolCall.objects.filter(run_id=run.id, effect=ToolEffect.WRITE, idempotency_key__isnull=False,
+                                         business_key__isnull=True)
+    } if keyless else {}
     applied_before = {
         _key_base(c.idempotency_key): c
         for c in ToolCall.objects.filter(run_id__in=[r.pk for r in lineage], effect=ToolEffect.WRITE,
-                                         status=ToolCallStatus.SUCCEEDED, idempotency_key__isnull=False)
-    } if lineage else {}
+                                         status=ToolCallStatus.SUCCEEDED, idempotency_key__isnull=False,
+                                         business_key__isnull=True)
+    } if lineage and keyless else {}
     key_scope = lineage[-1].pk if lineage else run.id  # the first run of a line of retries
     rows: list[ToolCall] = []
     for position, call in enumerate(proposed):
@@ -168,7 +184,11 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
             run_id=run.id, step=step, index=position, tool_call_id=call.id, tool_name=call.name,
             arguments=call.arguments, effect=tool.effect,
         )
-        if tool.effect == ToolEffect.WRITE:
+        if position in business:
+            row.business_key = business[position]
+            _business_key_decide(row, asked_before.setdefault(row.business_key, []),
+                                 retried_runs={r.pk for r in lineage})
+        elif tool.effect == ToolEffect.WRITE:
             base = tool.idempotency_key_for(run_id=key_scope, arguments=tool.arguments.model_validate(call.arguments))
             # A retry that makes a write its predecessor did not apply sends a key of its own.
             key = f"{base}{RETRY_KEY_MARK}{len(lineage)}" if lineage else base
@@ -183,6 +203,23 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
     state.tool_calls_start(calls=_leading_reads(rows), lease_token=lease.token)
     state.tool_calls_insert(calls=rows)
     return [tool_call_event(row) for row in rows]
+
+
+def _business_key_decide(row: ToolCall, asked: list[ToolCall], *, retried_runs: set) -> None:
+    """Whether `row` executes under its business key, given the calls that held the key before
+    (oldest first; the caller holds the key's lock). A call that succeeded, or may still (pending
+    approval, running, `unknown`), answers every later request for the key, in any run. When each
+    of them definitely did not take effect (failed, cancelled), a retry of their run tries again
+    under a key of its own (SPEC §16); any other request is answered with the latest failure."""
+    standing = [c for c in asked if c.status not in (ToolCallStatus.FAILED, ToolCallStatus.CANCELLED)]
+    if standing:
+        row.reused_from = standing[-1]
+        return
+    if asked and not retried_runs & {c.run_id for c in asked}:
+        row.reused_from = asked[-1]
+        return
+    row.idempotency_key = f"{row.business_key}{RETRY_KEY_MARK}{len(asked)}" if asked else row.business_key
+    asked.append(row)  # a later call of the same turn with the same key is answered by this one
 
 
 RETRY_KEY_MARK = ":retry"
@@ -323,8 +360,12 @@ def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, requirement: Rule
 
 
 def _reuse_outcome(*, cp: Checkpoint, lease: Lease, call: ToolCall) -> None:
-    """The model asked again for a write this run already made: reuse its outcome, never call twice."""
+    """The write was asked for before — by this run, or (its business key) by any other: answer
+    with that call's outcome, never call twice."""
     original = ToolCall.objects.get(pk=call.reused_from_id)
+    if original.run_id != call.run_id:
+        _finish(cp=cp, lease=lease, outcomes=[_answered_by(call, original)])
+        return None
     if original.status == ToolCallStatus.UNKNOWN:
         wait_for_reconciliation(run=cp.run, lease=lease, call=original)
     if original.status in (ToolCallStatus.PENDING, ToolCallStatus.RUNNING):
@@ -339,6 +380,25 @@ def _reuse_outcome(*, cp: Checkpoint, lease: Lease, call: ToolCall) -> None:
         outcome = Outcome(call=call, status=ToolCallStatus.FAILED, error_code=code, error_detail=detail)
     _finish(cp=cp, lease=lease, outcomes=[outcome])
     return None
+
+
+def _answered_by(call: ToolCall, original: ToolCall) -> Outcome:
+    """A request for a business fact another run already asked for (SPEC §18): the earlier
+    call's outcome as it stands now — done, failed, or still open — and nothing sent."""
+    where = f"tool call {original.id} of run {original.run_id}"
+    if original.status == ToolCallStatus.SUCCEEDED:
+        return Outcome(call=call, status=ToolCallStatus.SUCCEEDED, error_code=ALREADY_DONE, result={
+            "already_done": True, "message": ALREADY_DONE_TEXT, "result": original.result,
+        }, error_detail=f"already done by {where} (same business key {call.business_key}); not executed again")
+    if original.status in (ToolCallStatus.FAILED, ToolCallStatus.CANCELLED):
+        return Outcome(call=call, status=ToolCallStatus.FAILED,
+                       error_code=original.error_code or f"duplicate_of_{original.status}",
+                       error_detail=f"asked before by {where}, which did not take effect; not executed again")
+    code = "already_in_doubt" if original.status == ToolCallStatus.UNKNOWN else "already_requested"
+    return Outcome(call=call, status=ToolCallStatus.FAILED, error_code=code,
+                   error_detail=f"asked before by {where}, which is {original.status}; not executed again")
+
+
 
 
 def _context(run: Run, call: ToolCall, tool) -> ToolContext:

@@ -47,6 +47,10 @@ class ToolCall(models.Model):
     # Business idempotency key for writes, committed before the first network call and sent
     # downstream. A repeated request for the same action points at the original call instead.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # A write's business key (Tool.business_key_for): the same on every call asking for the same
+    # business fact, in any run or session — the original, its retries and the calls answered
+    # from it (reused_from). Under it, one call at a time holds the idempotency key.
+    business_key = models.CharField(max_length=200, null=True, blank=True, db_index=False)
     # db_index=False, and for resolved_by too: almost every call has none, so a partial index
     # (Meta.indexes) serves the look-ups without an entry for each call written.
     reused_from = models.ForeignKey(
@@ -113,6 +117,8 @@ class ToolCall(models.Model):
             # The desk's list of tool calls, newest first.
             models.Index(fields=["-created_at", "-id"], name="tool_call_recent"),
             models.Index(fields=["reused_from"], condition=Q(reused_from__isnull=False), name="tool_call_reused_from"),
+            models.Index(fields=["business_key", "created_at"], condition=Q(business_key__isnull=False),
+                         name="tool_call_business_key"),
             models.Index(fields=["resolved_by"], condition=Q(resolved_by__isnull=False), name="tool_call_resolved_by"),
         ]
 

@@ -19,7 +19,15 @@ ENGINE_TEXTS = {
     "not_applied": "The other side confirmed it did not go through.",
     "interrupted": "We are checking whether this went through; it will not be done twice.",
     "outcome_unknown": "We are checking whether this went through; it will not be done twice.",
+    # Asked before under the same business key, by this or another conversation (SPEC §18).
+    "already_requested": "The same request is already being handled; it was not sent again.",
+    "already_in_doubt": "The same request was made earlier and we are checking whether it went through; "
+                        "it will not be done twice.",
 }
+# A write answered by an earlier call with the same business key that succeeded: the call's
+# error code says so (its status is `succeeded`, nothing was sent).
+ALREADY_DONE = "already_done"
+ALREADY_DONE_TEXT = "This was already done earlier, under the same reference; it was not done again."
 REJECTED_BY_OPERATOR = "An operator declined it."
 REJECTED_BY_CUSTOMER = "You declined it."
 DEFAULT_FAILURE = "This did not work."
@@ -50,6 +58,8 @@ def tool_call_customer_text(*, tool_name: str, effect: str, status: str, error_c
         return error_detail  # decision_text: who declined, and the decider's words for the customer
     if status == ToolCallStatus.PENDING:
         return WAITING_FOR_APPROVAL if waiting_for_approval or effect == ToolEffect.WRITE else ABOUT_TO_RUN
+    if status == ToolCallStatus.SUCCEEDED and error_code == ALREADY_DONE:
+        return ALREADY_DONE_TEXT
     if status in (ToolCallStatus.FAILED, ToolCallStatus.CANCELLED):
         return code_text(tool_name=tool_name, error_code=error_code)
     return STATUS_TEXTS.get(status, DEFAULT_FAILURE)

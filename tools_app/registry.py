@@ -70,7 +70,9 @@ class Tool:
     retry_backoff: float = 0.2
     # Writes: ask the downstream system what happened to a key; None when it cannot tell yet.
     reconcile: Callable[[ToolContext, BaseModel], Reconciled | None] | None = None
-    # Writes: the business key (e.g. "refund:<order>"); default: hash of run, tool and arguments.
+    # Writes: the business key (e.g. "refund:<order>"), a fact of the deployment: one key executes
+    # once across every run and session (docs/EXTENDING.md, "Business keys"). Without one, a
+    # write is deduplicated within its run only (a hash of run, tool and arguments).
     business_key: Callable[[BaseModel], str] | None = None
     extra: dict = field(default_factory=dict)
 
@@ -84,13 +86,30 @@ class Tool:
             },
         }
 
+    def business_key_for(self, arguments: BaseModel) -> str | None:
+        """The deployment-wide key of a write with a business key (the tool's name in front, so
+        two tools never share one); None for a tool without. `arguments` are the validated
+        ones: the tool's schema has normalised them (stripped, cased as it declares)."""
+        if self.business_key is None:
+            return None
+        key = f"{self.name}:{self.business_key(arguments)}"
+        if len(key) > BUSINESS_KEY_MAX:
+            # Still one key per business fact, within the column: a digest of the long tail.
+            key = f"{self.name}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+        return key
+
     def idempotency_key_for(self, *, run_id, arguments: BaseModel) -> str:
-        """Stable across re-emissions of the same action (never the model's tool_call_id)."""
+        """Stable across re-emissions of the same action (never the model's tool_call_id): the
+        business key, the same in every run; without one, scoped to `run_id`."""
         if self.business_key is not None:
-            return f"{self.name}:{run_id}:{self.business_key(arguments)}"
+            return self.business_key_for(arguments)
         canonical = json.dumps(arguments.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(f"{run_id}|{self.name}|{canonical}".encode()).hexdigest()[:32]
         return f"{self.name}:{digest}"
+
+
+# Keys live in a 200-character column; a retried write's key gets ":retry<n>" after it.
+BUSINESS_KEY_MAX = 180
 
 
 _REGISTRY: dict[str, Tool] = {}

@@ -12,7 +12,7 @@ from tools_app.outcomes import tool_call_customer_text
 
 
 def tool_call_event_payload(tool_call: ToolCall) -> dict:
-    return {
+    payload = {
         "tool_call": str(tool_call.id),
         "tool_call_id": tool_call.tool_call_id,
         "tool": tool_call.tool_name,
@@ -27,6 +27,12 @@ def tool_call_event_payload(tool_call: ToolCall) -> dict:
                                            status=tool_call.status, error_code=tool_call.error_code,
                                            error_detail=tool_call.error_detail),
     }
+    if tool_call.business_key:
+        payload["business_key"] = tool_call.business_key
+    if tool_call.reused_from_id:
+        # Answered by an earlier call with the same key (SPEC §18): the desk and the API link to it.
+        payload["reused_from"] = str(tool_call.reused_from_id)
+    return payload
 
 
 def tool_call_event(tool_call: ToolCall, **extra: Any) -> tuple[str, dict]:

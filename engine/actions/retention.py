@@ -12,7 +12,7 @@ from typing import IO
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from approvals_app.models import Approval, ApprovalDecision, AuditEntry
 from approvals_app.services import audit_record
@@ -105,7 +105,9 @@ def _erase(session: Session) -> None:
     RunEvent.objects.filter(run__in=runs).delete()
     ApprovalDecision.objects.filter(approval__run__in=runs).delete()
     Approval.objects.filter(run__in=runs).delete()
-    ToolCall.objects.filter(run__in=runs).update(reused_from=None)
+    # Calls of other sessions that an erased call answered (the same business key) keep their own
+    # outcome and lose the link; the erased key can then be asked for again (docs/OPERATIONS.md).
+    ToolCall.objects.filter(Q(run__in=runs) | Q(reused_from__run__in=runs)).update(reused_from=None)
     ToolCall.objects.filter(run__in=runs).delete()
     PendingInput.objects.filter(session=session).delete()
     Message.objects.filter(session=session).delete()

@@ -9,7 +9,7 @@ revocation committed in between rolls the whole step back.
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
@@ -134,6 +134,20 @@ def tool_calls_start(*, calls: list[ToolCall], lease_token: int) -> None:
         for field, value in tool_call_transition_values(tool_call=call, to=ToolCallStatus.RUNNING,
                                                         lease_token=lease_token, started_at=now).items():
             setattr(call, field, value)
+
+
+def business_keys_lock(keys) -> None:
+    """Hold, until the caller's transaction ends, the lock of each business key (in one order, so
+    two turns never wait on each other crosswise): whoever holds it decides alone whether a key
+    is new, already answered or to be tried again — the unique idempotency key is the backstop."""
+    require_transaction("business_keys_lock")
+    with connection.cursor() as cursor:
+        for key in sorted(set(keys)):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [BUSINESS_KEY_LOCK_SPACE, key])
+
+
+# The first half of the two-number advisory locks on business keys.
+BUSINESS_KEY_LOCK_SPACE = 26
 
 
 def tool_calls_insert(*, calls: list[ToolCall]) -> list[ToolCall]:

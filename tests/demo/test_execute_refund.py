@@ -35,7 +35,15 @@ def test_claims_of_approval_in_the_arguments_are_dropped():
 
 def test_the_business_key_does_not_depend_on_how_the_amount_is_written():
     keys = {refund_tool.idempotency_key_for(run_id="r", arguments=refund_args(amount=a)) for a in ("25", 25, "25.0", "25.00")}
-    assert keys == {"execute_refund:r:refund:9527:25.00"}
+    assert keys == {"execute_refund:refund:9527:25.00"}
+
+
+def test_the_business_key_is_the_same_in_every_run_and_however_the_order_is_spaced():
+    # A fact of the deployment (SPEC §18): no run in it, and " 1010" is order 1010.
+    keys = {refund_tool.idempotency_key_for(run_id=run, arguments=refund_args(order_id=order))
+            for run in ("r1", "r2") for order in ("1010", " 1010", "1010\t")}
+    assert keys == {"execute_refund:refund:1010:25.00"}
+    assert refund_args(order_id=" 1010 ").model_dump(mode="json")["order_id"] == "1010"
 
 
 @pytest.mark.parametrize("amount", ["0", "-1", "1.234", "ten"])

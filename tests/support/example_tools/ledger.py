@@ -31,7 +31,9 @@ def ledger_bookings() -> list[dict]:
 
 
 class AccountArguments(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # what the model invents beyond the schema is dropped
+    # What the model invents beyond the schema is dropped; text is stripped, so " acme" is acme
+    # in the stored call and in the business key.
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
     account: str = Field(min_length=1, max_length=64, description="The customer account, e.g. \"acme\".")
 
