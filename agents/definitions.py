@@ -20,6 +20,7 @@ from django.conf import settings
 from django.utils.text import slugify
 
 from agents.errors import AgentRefusal
+from agents.limits import limits_check, write_caps_check
 from config.errors import WardenError
 from tools_app.models import ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, tool_get, tool_list
@@ -380,6 +381,8 @@ def agent_definition_check(definition: dict) -> dict:
                 continue
             _rules_check(tool_name=tool_name, rules=tool_rules, errors=errors)
         clean["approval_rules"] = rules
+    clean["write_caps"] = write_caps_check(definition.get("write_caps"), errors)
+    clean["limits"] = limits_check(definition.get("limits"), tools=clean.get("tools"), errors=errors)
     classifier = definition.get("interjection_classifier") or "model"
     if classifier not in CLASSIFIERS:
         errors["interjection_classifier"] = f"one of {', '.join(CLASSIFIERS)}"

@@ -50,6 +50,12 @@ class AgentVersion(models.Model):
     # {"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", "approvers": N}, …]}
     approval_rules = models.JSONField(default=dict, blank=True)
     interjection_classifier = models.CharField(max_length=16, default="model")
+    # How many writes a model turn and a run may make: {"per_turn": 1, "per_run": 5} (agents.limits;
+    # settings WARDEN_WRITES_PER_TURN / _PER_RUN for what is left out).
+    write_caps = models.JSONField(default=dict, blank=True)
+    # Cumulative limits per write tool: {"<tool>": [{"window": "24h", "per": "customer", "max_amount": "30.00",
+    # "over": "operator"}, …]} (agents.limits).
+    limits = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )

@@ -30,6 +30,11 @@ class AgentVersionOut(Schema):
     approval_rules: Any = Field(description='{"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", '
                                             '"approvers": N}, …]}: first match wins')
     interjection_classifier: str
+    write_caps: Any = Field(description='{"per_turn": N, "per_run": N}: writes a model turn and a run may make '
+                                        '(the deployment\'s defaults for what is left out)')
+    limits: Any = Field(description='{"<write tool>": [{"window": "24h", "per": "customer|agent|<argument>", '
+                                    '"max_amount": "30.00", "max_count": N, "currency": "EUR", '
+                                    '"over": "operator|user|refuse", "approvers": N}, …]}')
     created_by: str | None
     created_at: datetime
 
@@ -77,6 +82,8 @@ class AgentIn(BodyIn):
     budget_limits: dict = Field(default_factory=dict)
     approval_rules: dict = Field(default_factory=dict)
     interjection_classifier: str = Field("model", description="`model` or `keywords`")
+    write_caps: dict = Field(default_factory=dict)
+    limits: dict = Field(default_factory=dict)
 
 
 def _visible_agent(request, slug: str):

@@ -144,6 +144,8 @@ class RunAgentOut(Schema):
     model: str
     tools: list[str]
     approval_rules: Any
+    write_caps: Any = Field(description="writes a model turn and a run may make ({} : the deployment's defaults)")
+    limits: Any = Field(description="cumulative limits per write tool (docs/EXTENDING.md, \"Limits\")")
 
 
 class RunDetailOut(RunOut):
@@ -231,7 +233,7 @@ def _agent_of(run) -> dict | None:
         return None
     return {"slug": version.agent.slug, "version": version.number, "name": version.name, "instructions": version.instructions,
             "provider": version.provider, "model": version.model, "tools": list(version.tools),
-            "approval_rules": version.approval_rules}
+            "approval_rules": version.approval_rules, "write_caps": version.write_caps, "limits": version.limits}
 
 
 def _wait_out(run) -> dict | None:

@@ -319,6 +319,10 @@ WARDEN_INPUT_TTL_SECONDS = _env_int("WARDEN_INPUT_TTL_SECONDS", 3600)
 WARDEN_RETENTION_DAYS = int(os.environ["WARDEN_RETENTION_DAYS"]) if os.environ.get("WARDEN_RETENTION_DAYS") else None
 # WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS: how long an API Idempotency-Key and its response are kept; default 86400.
 WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS = _env_int("WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS", 86_400)
+# WARDEN_WRITES_PER_TURN / WARDEN_WRITES_PER_RUN: how many writes one model turn and one run may make
+# when the agent's definition says nothing (its `write_caps`); more are refused before anything runs.
+WARDEN_WRITES_PER_TURN = _env_int("WARDEN_WRITES_PER_TURN", 1)
+WARDEN_WRITES_PER_RUN = _env_int("WARDEN_WRITES_PER_RUN", 5)
 # WARDEN_APPROVAL_TTL_SECONDS: how long an approval request stays open; default 86400 (a day).
 WARDEN_APPROVAL_TTL_SECONDS = _env_int("WARDEN_APPROVAL_TTL_SECONDS", 86_400)
 # WARDEN_CONTEXT_TOKENS: token window of the model context built from history; default 8000.

@@ -256,6 +256,10 @@ tool_register(
         timeout=2.0,
         reconcile=reconcile_refund,
         business_key=lambda args: f"refund:{args.order_id}:{args.amount}",
+        # The demo shop sells in US dollars (the simulated orders say so).
+        amount="amount",
+        currency="USD",
+        reference="order_id",
         extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )

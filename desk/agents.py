@@ -26,7 +26,7 @@ class AgentForm(forms.ModelForm):
     Checked as a whole by agents.definitions.agent_definition_check: a wrong field is named, and
     nothing is saved."""
 
-    JSON_FIELDS = ("provider_options", "budgets", "budget_limits", "approval_rules")
+    JSON_FIELDS = ("provider_options", "budgets", "budget_limits", "approval_rules", "write_caps", "limits")
 
     instructions = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 90}),
                                    help_text="The system prompt the agent's model gets.")
@@ -42,6 +42,15 @@ class AgentForm(forms.ModelForm):
         "Approval rules",
         'JSON per write tool, first match wins: {"execute_refund": [{"when": "amount <= 20", "approval": "none"}, '
         '{"when": "amount <= 500", "approval": "user"}, {"when": "amount > 500", "approval": "operator", "approvers": 2}]}.')
+    write_caps = _json_field(
+        "Writes per turn and per run",
+        'JSON: {"per_turn": 1, "per_run": 5} — more writes are refused before anything runs; left out, the '
+        "deployment's defaults (WARDEN_WRITES_PER_TURN, WARDEN_WRITES_PER_RUN).")
+    limits = _json_field(
+        "Limits over time",
+        'JSON per write tool: {"execute_refund": [{"window": "24h", "per": "customer", "max_amount": "30.00", '
+        '"over": "operator"}, {"window": "1h", "per": "customer", "max_count": 5, "over": "refuse"}]} — per customer, '
+        "per agent or per argument (a counterparty such as account); over a limit, the tier it names or a refusal.")
     interjection_classifier = forms.ChoiceField(choices=[("model", "the agent's model"), ("keywords", "keyword rules")],
                                                 initial="model")
 
@@ -107,6 +116,7 @@ class AgentAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "instructions", "provider", "model", "tools", "interjection_classifier")}),
         ("Approval rules", {"fields": ("approval_rules",)}),
+        ("Limits on money", {"fields": ("write_caps", "limits")}),
         ("Budgets and provider options", {"fields": ("budgets", "budget_limits", "provider_options")}),
     )
 

@@ -7,6 +7,7 @@ Active only when WARDEN_ALLOW_FAULTS is set (test settings); WARDEN_FAULT_POINTS
   after_downstream_call  write tool: downstream answered, result not yet committed
   mid_model_stream       part of a model response received
   after_claim            lease taken, nothing done yet
+  after_limits_checked   a turn's writes: limits read, the turn not yet committed (their locks held)
 """
 
 import functools
@@ -16,7 +17,7 @@ import time
 
 from django.conf import settings
 
-POINTS = ("after_key_commit", "after_downstream_call", "mid_model_stream", "after_claim")
+POINTS = ("after_key_commit", "after_downstream_call", "mid_model_stream", "after_claim", "after_limits_checked")
 
 
 @functools.cache

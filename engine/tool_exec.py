@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -25,6 +26,7 @@ from approvals_app.models import Approval, ApprovalStatus
 from config.logs import log_context
 from config.tracing import span, span_set
 from agents.definitions import RuleMatch, approval_requirement
+from agents.limits import PER_RUN, PER_TURN, TIER_ORDER, call_money, limit_scopes, limit_verdict, write_caps_of
 from agents.selectors import run_agent_version
 from engine import state
 from engine.actions.approvals import approval_expire, approval_request, tool_call_close_for_decision
@@ -37,10 +39,12 @@ from engine.state import (
 )
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
+from sessions_app.models import Session
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
 from tools_app.outcomes import ALREADY_DONE, ALREADY_DONE_TEXT
+from tools_app.selectors import writes_spent
 from tools_app.services import tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.tools")
@@ -200,9 +204,102 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
                 row.idempotency_key = key
                 existing[key] = row
         rows.append(row)
+    if has_writes:
+        _guards_decide(run=run, rows=rows)
     state.tool_calls_start(calls=_leading_reads(rows), lease_token=lease.token)
     state.tool_calls_insert(calls=rows)
     return [tool_call_event(row) for row in rows]
+
+
+def _guards_decide(*, run: Run, rows: list[ToolCall]) -> None:
+    """The guards that see more than one call (SPEC §18), decided as the turn's writes are created
+    and recorded on each (`ToolCall.guard`): the caps on writes per model turn and per run, then
+    the agent's cumulative limits — with each limit's scope locked, so two runs of one customer
+    never both pass its last unit. A write over a cap, or over a limit that refuses, never runs;
+    over a limit that asks for a person, it goes to that tier. Writes answered by an earlier call
+    (reused_from) are not new money and pass no guard."""
+    writes = [row for row in rows if row.effect == ToolEffect.WRITE and row.reused_from is None]
+    if not writes:
+        return
+    version = run_agent_version(run)
+    caps = write_caps_of(version)
+    earlier = (ToolCall.objects.filter(run_id=run.id, effect=ToolEffect.WRITE, reused_from__isnull=True)
+               .exclude(guard__has_key="refused").count())
+    limits_of = (version.limits or {}) if version is not None else {}
+    customer_id = Session.objects.values_list("owner_id", flat=True).get(pk=run.session_id)
+    agent_id = version.agent_id if version is not None else None
+    scopes_of = {
+        id(row): limit_scopes(tool=tool_get(row.tool_name), limits=limits_of[row.tool_name], arguments=row.arguments,
+                              customer_id=customer_id, agent_id=agent_id)
+        for row in writes if limits_of.get(row.tool_name)
+    }
+    if scopes_of:
+        state.business_keys_lock([scope.lock_key() for scopes in scopes_of.values() for scope in scopes])
+    this_turn: dict[str, tuple[Decimal, int]] = {}  # what the turn's admitted writes add to a scope
+    admitted = 0
+    for row in writes:
+        _guard_one(row, caps=caps, earlier=earlier, admitted=admitted, scopes_of=scopes_of, limits_of=limits_of,
+                   this_turn=this_turn)
+        if row.guard and "refused" in row.guard:
+            # Refused, it never holds its business key: asked for again later, it is a new request.
+            row.idempotency_key = None
+        else:
+            admitted += 1
+    if scopes_of:
+        fault_point("after_limits_checked")
+
+
+def _guard_one(row: ToolCall, *, caps, earlier: int, admitted: int, scopes_of, limits_of, this_turn) -> None:
+    """One write's guards, in order: the turn's cap, the run's cap, the agent's limits."""
+    tool = tool_get(row.tool_name)
+    if admitted >= caps[PER_TURN]:
+        row.guard = {"refused": {"code": "write_cap_turn", "detail": (
+            f"a model turn may make {caps[PER_TURN]} write(s); this is one more, so it was not run — "
+            "ask for it again in a turn of its own")}}
+        return
+    if earlier + admitted >= caps[PER_RUN]:
+        row.guard = {"refused": {"code": "write_cap_run", "detail": (
+            f"a run may make {caps[PER_RUN]} write(s) and this run has made them; this one was not run")}}
+        return
+    if id(row) in scopes_of:
+        scopes = scopes_of[id(row)]
+
+        def spent(scope, since, _with_amount, tool=tool):
+            total, count = writes_spent(tool_name=tool.name, since=since, per=scope.per, value=scope.value,
+                                        amount_argument=tool.amount, currency_argument=tool.currency_argument,
+                                        currency=scope.currency)
+            more_total, more_count = this_turn.get(scope.lock_key(), (Decimal("0"), 0))
+            return total + more_total, count + more_count
+
+        verdict = limit_verdict(tool=tool, limits=limits_of[row.tool_name], scopes=scopes, arguments=row.arguments,
+                                spent=spent)
+        over = [crossed.describe(tool) for crossed in verdict.crossed]
+        if verdict.refused:
+            row.guard = {"refused": {"code": "limit_refused", "detail": "over the agent's limit: " + "; ".join(over)},
+                         "totals": verdict.totals}
+            return
+        approval, approvers = verdict.tier()
+        row.guard = {"totals": verdict.totals, "over": over, "approval": approval, "approvers": approvers}
+        amount, _ = call_money(tool, row.arguments)
+        for scope in scopes:
+            total, count = this_turn.get(scope.lock_key(), (Decimal("0"), 0))
+            this_turn[scope.lock_key()] = (total + (amount or 0), count + 1)
+
+
+def _with_limits(requirement: RuleMatch, guard: dict | None) -> RuleMatch:
+    """The stricter of the agent's approval rule and what its limits asked for at creation."""
+    if not guard or not guard.get("over"):
+        return requirement
+    tier, approvers = guard["approval"], guard["approvers"]
+    stricter = (TIER_ORDER[tier], approvers) > (TIER_ORDER[requirement.approval], requirement.approvers)
+    why = "over a limit: " + "; ".join(guard["over"])
+    if not stricter:
+        return RuleMatch(approval=requirement.approval, approvers=requirement.approvers, rule=requirement.rule,
+                         reason=f"{requirement.reason}; {why}"[:500])
+    rule = f"limit → {'an operator' if tier == ApprovalRequirement.OPERATOR else 'the session’s user'}"
+    if approvers > 1:
+        rule = f"limit → {approvers} distinct operators"
+    return RuleMatch(approval=tier, approvers=approvers, rule=rule[:300], reason=why[:500])
 
 
 def _business_key_decide(row: ToolCall, asked: list[ToolCall], *, retried_runs: set) -> None:
@@ -264,9 +361,17 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
         _finish(cp=cp, lease=lease, outcomes=outcomes)
         return None
     tool = tool_get(head.tool_name)
+    if head.guard and "refused" in head.guard:
+        # Over a cap on writes or a limit that refuses (decided when the call was created): never run.
+        refused = head.guard["refused"]
+        _finish(cp=cp, lease=lease, outcomes=[Outcome(call=head, status=ToolCallStatus.FAILED, error_code=refused["code"],
+                                                      error_detail=refused["detail"])])
+        return None
     # The run's agent version's rules (or the tool's own policy) decide who approves: evaluated
-    # here, by the run-time, on the validated arguments — nothing the model says counts.
-    requirement = approval_requirement(version=run_agent_version(run), tool=tool, arguments=head.arguments)
+    # here, by the run-time, on the validated arguments — nothing the model says counts — and the
+    # agent's limits, as they stood when the call was created, may ask for more.
+    requirement = _with_limits(approval_requirement(version=run_agent_version(run), tool=tool, arguments=head.arguments),
+                               head.guard)
     if requirement.approval != ApprovalRequirement.NONE and not _approved(cp=cp, lease=lease, call=head,
                                                                           requirement=requirement):
         return None

@@ -51,6 +51,10 @@ class ToolCall(models.Model):
     # business fact, in any run or session — the original, its retries and the calls answered
     # from it (reused_from). Under it, one call at a time holds the idempotency key.
     business_key = models.CharField(max_length=200, null=True, blank=True, db_index=False)
+    # What the run-time's guards decided when the call was created (agents.limits), for a write:
+    # {"refused": {"code", "detail"}} (a write cap or a limit refuses it: it never runs), or the
+    # limits' windows with this call in them, {"totals": […], "over": [...], "approval", "approvers"}.
+    guard = models.JSONField(null=True, blank=True)
     # db_index=False, and for resolved_by too: almost every call has none, so a partial index
     # (Meta.indexes) serves the look-ups without an entry for each call written.
     reused_from = models.ForeignKey(

@@ -19,6 +19,10 @@ ENGINE_TEXTS = {
     "not_applied": "The other side confirmed it did not go through.",
     "interrupted": "We are checking whether this went through; it will not be done twice.",
     "outcome_unknown": "We are checking whether this went through; it will not be done twice.",
+    # The agent's guards on money (SPEC §18): nothing was done.
+    "write_cap_turn": "Only one such action can be done at a time; this one was not done — ask for it again on its own.",
+    "write_cap_run": "This conversation has made as many such actions as it may; this one was not done.",
+    "limit_refused": "This would go over a limit on such actions; it was not done.",
     # Asked before under the same business key, by this or another conversation (SPEC §18).
     "already_requested": "The same request is already being handled; it was not sent again.",
     "already_in_doubt": "The same request was made earlier and we are checking whether it went through; "

@@ -74,6 +74,15 @@ class Tool:
     # once across every run and session (docs/EXTENDING.md, "Business keys"). Without one, a
     # write is deduplicated within its run only (a hash of run, tool and arguments).
     business_key: Callable[[BaseModel], str] | None = None
+    # Writes that move money: the argument holding the amount, and the currency — fixed (`currency`,
+    # e.g. "EUR") or an argument (`currency_argument`). Limits add amounts up per currency, and every
+    # surface shows an amount with its currency (docs/EXTENDING.md, "Limits").
+    amount: str | None = None
+    currency: str | None = None
+    currency_argument: str | None = None
+    # Writes: who the arguments' counterparty and reference are, for the desk's queue columns.
+    counterparty: str | None = None
+    reference: str | None = None
     extra: dict = field(default_factory=dict)
 
     def openai_schema(self) -> dict:
@@ -122,6 +131,15 @@ def tool_register(tool: Tool) -> Tool:
         raise ValueError(f"tool {tool.name}: effect must be read or write")
     if tool.effect == ToolEffect.READ and tool.approval != ApprovalRequirement.NONE:
         raise ValueError(f"tool {tool.name}: only write tools take an approval policy")
+    declared = {"amount": tool.amount, "currency_argument": tool.currency_argument,
+                "counterparty": tool.counterparty, "reference": tool.reference}
+    for what, argument in declared.items():
+        if argument is not None and argument not in tool.arguments.model_fields:
+            raise ValueError(f"tool {tool.name}: {what} names {argument!r}, which is not one of its arguments")
+    if tool.currency is not None and tool.currency_argument is not None:
+        raise ValueError(f"tool {tool.name}: a fixed currency or a currency argument, not both")
+    if tool.currency is not None and not (len(tool.currency) == 3 and tool.currency.isalpha() and tool.currency.isupper()):
+        raise ValueError(f"tool {tool.name}: currency is a three-letter code such as \"EUR\"")
     global _SCHEMAS
     _REGISTRY[tool.name] = tool
     _SCHEMAS = None

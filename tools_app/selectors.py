@@ -119,3 +119,36 @@ def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
     # Unordered: ordered by time, PostgreSQL would walk every run newest first looking for these.
     add(Run.objects.filter(session__title__icontains=term).order_by().values_list("pk", flat=True)[:limit])
     return list(found)
+
+
+def writes_spent(*, tool_name: str, since, per: str, value: str, amount_argument: str | None,
+                 currency_argument: str | None, currency: str | None, exclude_pk=None) -> tuple[Decimal, int]:
+    """What a limit's window holds before a new call (agents.limits): the sum of `amount_argument`
+    and the count of the tool's calls created since `since`, of one customer (`per` "customer":
+    the session's owner id), one agent (its id) or one counterparty (an argument's value), in
+    `currency` when the tool's currency is an argument. Every call counts from its creation —
+    pending approval, running, `unknown` and succeeded — except those that definitely did not
+    take effect (failed, cancelled), those a guard refused, and those answered by an earlier call."""
+    calls = (ToolCall.objects.filter(tool_name=tool_name, effect=ToolEffect.WRITE, created_at__gte=since,
+                                     reused_from__isnull=True)
+             .exclude(status__in=(ToolCallStatus.FAILED, ToolCallStatus.CANCELLED))
+             .exclude(guard__has_key="refused"))
+    if exclude_pk is not None:
+        calls = calls.exclude(pk=exclude_pk)
+    if per == "customer":
+        calls = calls.filter(run__session__owner_id=value)
+    elif per == "agent":
+        calls = calls.filter(run__agent_version__agent_id=value)
+    else:
+        calls = calls.filter(arguments__contains={per: value})
+    if currency_argument and currency:
+        calls = calls.filter(arguments__contains={currency_argument: currency})
+    count, total = 0, Decimal("0")
+    for amount in calls.values_list(f"arguments__{amount_argument}" if amount_argument else "pk", flat=True):
+        count += 1
+        if amount_argument:
+            try:
+                total += Decimal(str(amount))
+            except (InvalidOperation, ValueError):
+                continue
+    return total, count

@@ -137,9 +137,11 @@ def tool_calls_start(*, calls: list[ToolCall], lease_token: int) -> None:
 
 
 def business_keys_lock(keys) -> None:
-    """Hold, until the caller's transaction ends, the lock of each business key (in one order, so
-    two turns never wait on each other crosswise): whoever holds it decides alone whether a key
-    is new, already answered or to be tried again — the unique idempotency key is the backstop."""
+    """Hold, until the caller's transaction ends, the lock of each key (in one order, so two turns
+    never wait on each other crosswise): a business key's — whoever holds it decides alone
+    whether the key is new, already answered or to be tried again (the unique idempotency key is
+    the backstop) — or a limit's scope (agents.limits), so that two runs never both pass its last
+    unit. A turn takes its business keys' locks before its limits'."""
     require_transaction("business_keys_lock")
     with connection.cursor() as cursor:
         for key in sorted(set(keys)):

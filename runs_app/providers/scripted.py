@@ -3,7 +3,7 @@ engine, and (in demo mode, as demo/model.py, which knows the demo world) the dem
 
 Tests script the turns outright: `options["turns"][call_index]` is
 {"text": ..., "calls": [{"name": ..., "arguments": {...}}]} (a call index past the list, or no
-script at all, answers "Done."). And it can misbehave on purpose: `options["faults"][call_index]`
+script at all, answers "Done."); an argument "$message" is the user's last message. And it can misbehave on purpose: `options["faults"][call_index]`
 names a fault for that model call.
 
 Faults (a fault that does not fit the planned turn, e.g. `invalid_json` on a text answer,
@@ -94,7 +94,8 @@ class ScriptedProvider:
             raise PermanentModelError("scripted bad request", status=400)
 
         turns = request.options.get("turns")
-        plan = _scripted_turn(turns, request.call_index) if turns is not None else self.plan(request.messages)
+        plan = (_scripted_turn(turns, request.call_index, last_user_text(request.messages)) if turns is not None
+                else self.plan(request.messages))
         plan = _apply_fault(plan, fault)
         delay = SLOW_DELAY_SECONDS if fault == "slow" else _delay_for(request)
         yield from _emit(plan, request=request, fault=fault, delay=delay)
@@ -110,12 +111,27 @@ class ScriptedProvider:
         return summarize_by_rules(previous=previous, messages=messages, max_tokens=max_tokens)
 
 
-def _scripted_turn(turns: list, call_index: int) -> Plan:
+def _scripted_turn(turns: list, call_index: int, said: str = "") -> Plan:
+    """The scripted turn; an argument whose value is "$message" takes the text of the user's last
+    message (so one agent's script can act on what each conversation asks)."""
     if call_index >= len(turns):
         return Plan(text=SCRIPTED_DONE_TEXT)
     turn = turns[call_index] or {}
-    calls = tuple(PlannedCall(c["name"], dict(c.get("arguments") or {})) for c in turn.get("calls") or [])
+    calls = tuple(
+        PlannedCall(c["name"], {k: said if v == MESSAGE_PLACEHOLDER else v for k, v in (c.get("arguments") or {}).items()})
+        for c in turn.get("calls") or []
+    )
     return Plan(text=turn.get("text", ""), calls=calls)
+
+
+MESSAGE_PLACEHOLDER = "$message"
+
+
+def last_user_text(messages: list[dict]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return message_text(message).strip()
+    return ""
 
 
 # --- faults and streaming ------------------------------------------------------------------

@@ -213,3 +213,46 @@ def test_the_consoles_new_session_picks_an_agent(agent_admin):
     created = client.post("/console/sessions/new/", {"title": "weather", "agent": "weather"})
     assert created.status_code == 302
     assert Session.objects.get(owner=customer).agent.slug == "weather"
+
+
+# --- caps on writes and limits over time (SPEC §18) --------------------------------------------------
+
+DAILY = {"window": "24h", "per": "customer", "max_amount": "30", "over": "operator"}
+
+
+@pytest.mark.parametrize(("changes", "field", "words"), [
+    ({"limits": {"execute_refund": [{**DAILY, "per": "account"}]}}, "limits.execute_refund[0].per",
+     "neither customer, agent nor an argument of execute_refund"),
+    ({"limits": {"execute_refund": [{**DAILY, "window": "a day"}]}}, "limits.execute_refund[0].window", "rolling window"),
+    ({"limits": {"execute_refund": [{**DAILY, "window": "91d"}]}}, "limits.execute_refund[0].window", "at most 90 days"),
+    ({"limits": {"execute_refund": [{**DAILY, "max_amount": "-5"}]}}, "limits.execute_refund[0].max_amount", "positive"),
+    ({"limits": {"execute_refund": [{**DAILY, "currency": "EUR"}]}}, "limits.execute_refund[0].currency", "USD only"),
+    ({"limits": {"execute_refund": [{**DAILY, "over": "nobody"}]}}, "limits.execute_refund[0].over", "refuse, user, operator"),
+    ({"limits": {"execute_refund": [{"window": "1h", "per": "customer"}]}}, "limits.execute_refund[0]", "max_amount, max_count"),
+    ({"limits": {"query_order": [DAILY]}}, "limits.query_order", "read tool"),
+    ({"limits": {"get_weather": [DAILY]}}, "limits.get_weather", "not one of the agent's tools"),
+    ({"write_caps": {"per_turn": 0}}, "write_caps.per_turn", "from 1 to 20"),
+    ({"write_caps": {"per_turn": 3, "per_run": 2}}, "write_caps.per_turn", "more than per_run"),
+    ({"write_caps": {"per_call": 1}}, "write_caps", "per_turn"),
+])
+def test_a_bad_limit_or_cap_is_refused_naming_the_field(changes, field, words):
+    errors = refused_fields(refund_agent(**changes))
+    assert field in errors and words in errors[field], errors
+
+
+def test_limits_and_caps_are_kept_normalised_in_the_version(agent_admin):
+    version = define(refund_agent(limits={"execute_refund": [DAILY, {"window": "1h", "per": "order_id", "max_count": 2,
+                                                                      "over": "refuse"}]},
+                                  write_caps={"per_turn": 1, "per_run": 3}), by=agent_admin)
+    assert version.write_caps == {"per_turn": 1, "per_run": 3}
+    assert version.limits == {"execute_refund": [
+        {"window": "24h", "per": "customer", "max_amount": "30.00", "currency": "USD", "over": "operator", "approvers": 1},
+        {"window": "1h", "per": "order_id", "max_count": 2, "currency": "USD", "over": "refuse", "approvers": 1},
+    ]}
+
+
+def test_the_api_refuses_a_limit_on_an_argument_the_tool_does_not_have(agent_admin_api):
+    response = agent_admin_api.post("/agents", refund_agent(limits={"execute_refund": [{**DAILY, "per": "iban"}]}))
+    assert response.status_code == 422, response.content
+    assert "body.limits.execute_refund[0].per" in [f["field"] for f in response.json()["fields"]]
+    assert not Agent.objects.exists() and not AgentVersion.objects.exists()

@@ -88,5 +88,10 @@ tool_register(Tool(
     reconcile=ledger_credit_reconcile,
     # One credit per account and reference, however often the model asks: the business key.
     business_key=lambda args: f"credit:{args.account}:{args.reference}",
+    # What the credit moves, to whom, for what: limits add the amounts up, the desk shows them.
+    amount="amount",
+    currency="EUR",
+    counterparty="account",
+    reference="reference",
     timeout=5.0,
 ))
