@@ -14,7 +14,7 @@ from config.errors import WardenError
 
 # The definition's fields as an AgentVersion stores them.
 VERSION_FIELDS = ("name", "instructions", "provider", "model", "provider_options", "tools", "budgets", "budget_limits",
-                  "approval_rules", "interjection_classifier")
+                  "approval_rules", "interjection_classifier", "write_caps", "limits")
 
 
 def agent_definition_of(version: AgentVersion | None) -> dict:
