@@ -41,6 +41,8 @@ class Approval(models.Model):
     required_approvals = models.PositiveSmallIntegerField(default=1)
     # The agent's rule that asked for this approval (`tool[index]: condition → who`) and why it
     # applied to these arguments; blank: the tool's own policy (no agent rule).
+    # The digest of the call as it was put to the deciders (tools_app.services.tool_call_digest).
+    digest = models.CharField(max_length=64, blank=True)
     rule = models.CharField(max_length=300, blank=True)
     rule_reason = models.CharField(max_length=500, blank=True)
 
@@ -91,6 +93,8 @@ class ApprovalDecision(models.Model):
     decision = models.CharField(max_length=8, choices=[("approve", "approve"), ("reject", "reject")])
     note = models.TextField(blank=True)
     decided_at = models.DateTimeField(auto_now_add=True)
+    # The digest of exactly what this person decided on: the call executes only if it still matches.
+    digest = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["approval", "decided_at", "id"]

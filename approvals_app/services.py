@@ -11,6 +11,7 @@ from django.utils import timezone
 from approvals_app.models import Approval, ApprovalDecision, ApprovalStatus, AuditEntry
 from approvals_app.transitions import check_approval_transition
 from runs_app.events import RunEventType
+from tools_app.services import tool_call_digest
 
 
 # The event each outcome writes on the approval's run.
@@ -48,9 +49,10 @@ def approval_approvers(*, approval: Approval) -> list[str]:
 
 
 def approval_decision_record(*, approval: Approval, decided_by, decision: str, note: str) -> ApprovalDecision:
-    """One person's decision (in the caller's transaction, which holds the session's lock): the
-    database refuses a second one by the same person."""
-    return ApprovalDecision.objects.create(approval=approval, decided_by=decided_by, decision=decision, note=note)
+    """One person's decision (in the caller's transaction, which holds the session's lock), bound to
+    the digest of the call it was about: the database refuses a second one by the same person."""
+    return ApprovalDecision.objects.create(approval=approval, decided_by=decided_by, decision=decision, note=note,
+                                           digest=tool_call_digest(approval.tool_call))
 
 
 def audit_record(*, actor, action: str, obj=None, object_type: str = "", object_id: str = "", run_id=None,
@@ -73,7 +75,8 @@ def approval_create(*, run, tool_call, policy: str, expires_at, required_approva
                     rule_reason: str = "") -> Approval:
     """A pending request. The caller's transaction suspends the run on it."""
     return Approval.objects.create(tool_call=tool_call, run=run, policy=policy, expires_at=expires_at,
-                                   required_approvals=required_approvals, rule=rule[:300], rule_reason=rule_reason[:500])
+                                   required_approvals=required_approvals, rule=rule[:300], rule_reason=rule_reason[:500],
+                                   digest=tool_call_digest(tool_call))
 
 
 def approval_transition(*, approval: Approval, to: str, decided_by, note: str, customer_message: str = "") -> bool:

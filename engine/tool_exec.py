@@ -45,7 +45,7 @@ from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
 from tools_app.outcomes import ALREADY_DONE, ALREADY_DONE_TEXT
 from tools_app.selectors import writes_spent
-from tools_app.services import tool_call_event, tool_call_message
+from tools_app.services import tool_call_digest, tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.tools")
 
@@ -447,6 +447,12 @@ def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, requirement: Rule
                          required_approvals=requirement.approvers, rule=requirement.rule, rule_reason=requirement.reason)
         raise StopDriving("approval")
     if approval.status == ApprovalStatus.APPROVED:
+        mismatch = _approval_mismatch(approval=approval, call=call)
+        if mismatch:
+            # Bound to what they approved (SPEC §18): anything else is refused, nothing is sent.
+            _finish(cp=cp, lease=lease, outcomes=[Outcome(call=call, status=ToolCallStatus.FAILED,
+                                                          error_code="approval_mismatch", error_detail=mismatch)])
+            return False
         return True
     if approval.status == ApprovalStatus.PENDING:
         if approval.expires_at <= timezone.now():
@@ -462,6 +468,22 @@ def _approved(*, cp: Checkpoint, lease: Lease, call: ToolCall, requirement: Rule
     # is the belt to those braces).
     tool_call_close_for_decision(approval=approval, lease_token=lease.token)
     return False
+
+
+def _approval_mismatch(*, approval: Approval, call: ToolCall) -> str:
+    """Why the approved call may not run ("" when it may): each approving decision, and the request
+    put to the deciders, recorded a digest of the tool, arguments and key; the call about to run
+    must match every one. (Approvals recorded before digests existed have none to compare.)"""
+    expected = tool_call_digest(call)
+    recorded = [("the request", approval.digest)] + [
+        (f"the approval by {d.decided_by.get_username()}", d.digest)
+        for d in approval.decisions.filter(decision="approve").select_related("decided_by")
+    ]
+    differing = [who for who, digest in recorded if digest and digest != expected]
+    if not differing:
+        return ""
+    return (f"the call about to run is not what was approved ({', '.join(differing)} recorded another tool, "
+            f"arguments or key); nothing was sent")
 
 
 def _reuse_outcome(*, cp: Checkpoint, lease: Lease, call: ToolCall) -> None:

@@ -2,6 +2,7 @@
 changes only through engine.state.tool_call_transition (the one write path, fenced by the run's
 lease)."""
 
+import hashlib
 import json
 from typing import Any
 
@@ -33,6 +34,14 @@ def tool_call_event_payload(tool_call: ToolCall) -> dict:
         # Answered by an earlier call with the same key (SPEC §18): the desk and the API link to it.
         payload["reused_from"] = str(tool_call.reused_from_id)
     return payload
+
+
+def tool_call_digest(tool_call: ToolCall) -> str:
+    """What a human decision binds to (SPEC §18): a digest of the tool, the arguments and the
+    idempotency key. The call executes only if it is still exactly what was approved."""
+    canonical = json.dumps({"tool": tool_call.tool_name, "arguments": tool_call.arguments,
+                            "idempotency_key": tool_call.idempotency_key}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def tool_call_event(tool_call: ToolCall, **extra: Any) -> tuple[str, dict]:
