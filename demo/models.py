@@ -1,6 +1,7 @@
 """Tables of the simulated order/payment service. They belong to the simulated downstream
 system, not to Warden: Warden only ever reaches them over HTTP (SPEC §13, "Demo world")."""
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -127,3 +128,15 @@ class SimWebhookReceipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.webhook_id}"
+
+
+class ShopAccount(models.Model):
+    """Which customer of the simulated shop a Warden user is (the demo's own link, `manage.py
+    demo_setup` makes alice u1): the demo tools show and refund that customer's orders only. A user
+    without one — an operator trying things, a test — is not limited to one customer's orders."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="shop_account")
+    shop_user_id = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"{self.user_id} → {self.shop_user_id}"

@@ -14,6 +14,7 @@ import httpx
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
+from demo.models import ShopAccount
 from tools_app.models import ToolEffect
 from tools_app.registry import (
     ApprovalRequirement,
@@ -131,11 +132,33 @@ class RefundArguments(_Arguments):
         return amount.quantize(CENT)
 
 
+def _shop_customer(ctx: ToolContext) -> str | None:
+    """The shop's id of the customer this call serves (the session's owner, as Warden verified
+    them); None when that user has no shop account (demo.models.ShopAccount)."""
+    customer = ctx.customer
+    if customer is None:
+        return None
+    return ShopAccount.objects.filter(user_id=customer.id).values_list("shop_user_id", flat=True).first()
+
+
+def _order_of_this_customer(ctx: ToolContext, order_id: str) -> dict:
+    """The order, if it is the customer's own: another customer's order is answered exactly as
+    one that does not exist, so a conversation cannot even learn that it exists."""
+    order = _read(ctx, f"/orders/{quote(order_id, safe='')}")
+    shop_id = _shop_customer(ctx)
+    if shop_id is not None and order.get("user_id") != shop_id:
+        raise ToolError("order_not_found", f"no order {order_id} for this customer")
+    return order
+
+
 def query_order(ctx: ToolContext, args: OrderArguments) -> dict:
-    return _read(ctx, f"/orders/{quote(args.order_id, safe='')}")
+    return _order_of_this_customer(ctx, args.order_id)
 
 
 def query_user_level(ctx: ToolContext, args: UserLevelArguments) -> dict:
+    shop_id = _shop_customer(ctx)
+    if shop_id is not None and args.user_id != shop_id:
+        raise ToolError("user_not_found", f"no customer {args.user_id} for this conversation")
     return _read(ctx, f"/users/{quote(args.user_id, safe='')}/level")
 
 
@@ -151,6 +174,9 @@ def execute_refund(ctx: ToolContext, args: RefundArguments) -> dict:
     if not ctx.idempotency_key:
         # The run-time must commit the key before calling; without it nothing is sent.
         raise ToolError("idempotency_key_missing", "refusing to send a refund without an idempotency key")
+    # Only the customer's own order: checked before anything is sent (a refusal here is definite).
+    if _shop_customer(ctx) is not None:
+        _order_of_this_customer(ctx, args.order_id)
     body = {"order_id": args.order_id, "amount": str(args.amount), "reason": args.reason}
     try:
         with _client(ctx) as client:

@@ -529,9 +529,10 @@ def _answered_by(call: ToolCall, original: ToolCall) -> Outcome:
 
 
 def _context(run: Run, call: ToolCall, tool) -> ToolContext:
+    version = run_agent_version(run)  # kept per process
     return ToolContext(
         run_id=str(run.id), session_id=str(run.session_id), tool_call_id=str(call.id),
-        idempotency_key=call.idempotency_key, timeout=tool.timeout,
+        idempotency_key=call.idempotency_key, timeout=tool.timeout, agent=version.agent.slug if version else "",
     )
 
 

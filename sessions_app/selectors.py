@@ -1,6 +1,10 @@
 """Reads about sessions, their history and pending input; of the sessions a caller may see (the
 access policy's queryset, given by the caller)."""
 
+import functools
+import uuid
+from dataclasses import dataclass
+
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from config.pagination import keyset_page
@@ -37,3 +41,23 @@ def message_list_latest(*, session: Session, limit: int) -> list[Message]:
 def pending_input_list(*, session: Session) -> list[PendingInput]:
     """Input waiting for a run to read it (unconsumed), in arrival order."""
     return list(PendingInput.objects.filter(session_id=session.pk, consumed_at__isnull=True).order_by("id"))
+
+
+@dataclass(frozen=True)
+class Customer:
+    """Whom a session serves: its owner, as Warden verified them (never what a model says)."""
+
+    id: int
+    username: str
+
+
+@functools.lru_cache(maxsize=4096)
+def session_customer(session_id: str) -> Customer | None:
+    """The session's owner, kept per process (a session never changes owner); None for no such
+    session."""
+    try:
+        uuid.UUID(str(session_id))
+    except ValueError:
+        return None
+    row = Session.objects.filter(pk=session_id).values_list("owner_id", "owner__username").first()
+    return Customer(id=row[0], username=row[1]) if row else None

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sessions_app.selectors import Customer, session_customer
 from tools_app.models import ToolEffect
 
 
@@ -39,12 +40,20 @@ class ToolOutcomeUnknown(Exception):
 
 @dataclass(frozen=True)
 class ToolContext:
+    """What the run-time tells a tool about the call it serves. `customer` is the verified customer
+    — the session's owner — and `agent` the run's agent: a tool uses them to refuse another
+    customer's objects (docs/EXTENDING.md), never anything the model wrote."""
+
     run_id: str
     session_id: str
     tool_call_id: str  # our ToolCall uuid
     idempotency_key: str | None
     timeout: float
-    owner_username: str = ""
+    agent: str = ""  # the run's agent's slug; "" for a run without one
+
+    @property
+    def customer(self) -> Customer | None:
+        return session_customer(self.session_id) if self.session_id else None
 
 
 @dataclass(frozen=True)

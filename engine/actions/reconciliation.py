@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from access import policy as access
+from agents.selectors import run_agent_version
 from approvals_app.services import audit_record
 from config.errors import WardenError
 from engine.actions.runs import run_resume
@@ -40,9 +41,11 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
     if tool is None or tool.reconcile is None:
         _give_up(tool_call=tool_call, reason="the tool has no reconcile function", changes={})
         return "manual"
+    run = Run.objects.only("session_id", "agent_version_id").get(pk=tool_call.run_id)
+    version = run_agent_version(run)
     context = ToolContext(
-        run_id=str(tool_call.run_id), session_id="", tool_call_id=str(tool_call.id),
-        idempotency_key=tool_call.idempotency_key, timeout=tool.timeout,
+        run_id=str(tool_call.run_id), session_id=str(run.session_id), tool_call_id=str(tool_call.id),
+        idempotency_key=tool_call.idempotency_key, timeout=tool.timeout, agent=version.agent.slug if version else "",
     )
     try:
         verdict = tool.reconcile(context, tool.arguments.model_validate(tool_call.arguments))

@@ -10,7 +10,8 @@ from agents.definitions import agent_definition_check
 from agents.models import Agent
 from notifications.models import NotificationKind, WebhookEndpoint
 
-from demo.accounts import DEMO_CUSTOMER, DEMO_OPERATOR, DEMO_WEBHOOK_ENDPOINT
+from demo.accounts import DEMO_CUSTOMER, DEMO_CUSTOMER_SHOP_ID, DEMO_OPERATOR, DEMO_WEBHOOK_ENDPOINT
+from demo.models import ShopAccount
 
 
 def demo_webhook_url() -> str:
@@ -47,6 +48,7 @@ class Command(BaseCommand):
         customer, _ = User.objects.get_or_create(username=DEMO_CUSTOMER[0])
         customer.set_password(DEMO_CUSTOMER[1])
         customer.save()
+        ShopAccount.objects.update_or_create(user=customer, defaults={"shop_user_id": DEMO_CUSTOMER_SHOP_ID})
         try:
             operator.user_permissions.add(Permission.objects.get(codename="decide_approval"))
         except Permission.DoesNotExist:
