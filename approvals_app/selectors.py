@@ -32,6 +32,15 @@ def approval_read_results(*, approval: Approval) -> list[ToolCall]:
     )
 
 
+def approval_same_key_calls(*, approval: Approval, limit: int = 20) -> list[ToolCall]:
+    """The other calls that asked for the same business fact as the approval's call — in any run
+    or session, oldest first — so the approver sees whether it was already done (SPEC §18)."""
+    key = approval.tool_call.business_key
+    if not key:
+        return []
+    return list(ToolCall.objects.filter(business_key=key).exclude(pk=approval.tool_call_id).order_by("created_at")[:limit])
+
+
 @dataclass(frozen=True)
 class WaitingItem:
     kind: str  # "approval" or "unknown tool call"

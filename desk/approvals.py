@@ -8,11 +8,11 @@ from django.contrib import admin
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from desk.display import age, amount_of, badge, compact_arguments, countdown, pretty_json, table, waited
+from desk.display import age, badge, compact_arguments, countdown, money_of, pretty_json, request_label, table, waited
 from desk.approval_views import approval_decide_view, approvals_decide_action
 from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry
 from approvals_app.services import approval_approvers
-from approvals_app.selectors import approval_conversation, approval_read_results
+from approvals_app.selectors import approval_conversation, approval_read_results, approval_same_key_calls
 from desk.base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyAdmin
 from tools_app.selectors import run_ids_matching
 from access import policy as access
@@ -76,7 +76,7 @@ def quorum_progress(approval: Approval) -> str:
 @admin.register(Approval)
 class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     list_display = ("amount", "order", "customer", "waiting", "expiry", "rule_applied", "status_badge")
-    list_display_links = ("order",)
+    list_display_links = ("order",)  # the column says what the request is about, whatever the tool
     list_select_related = ("run__session__owner", "tool_call", "decided_by")
     list_filter = (QueueStatusFilter, "policy")
     search_help_text = "Order number or any tool argument, customer, session title, idempotency key, or an id."
@@ -88,11 +88,13 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         ("Decision", {"fields": ("status", "expiry", "rule_applied", "policy", "requested_at", "expires_at", "decided_by", "decided_at",
                                  "note", "customer_message")}),
         ("What is asked", {"fields": ("tool", "arguments_pretty", "idempotency_key", "run_link", "session_link")}),
+        ("Money over time", {"fields": ("limit_totals", "same_key_calls")}),
         ("What the run found (read tools)", {"fields": ("read_results",)}),
         ("Conversation (latest messages)", {"fields": ("conversation",)}),
     )
     readonly_fields = (
         "expiry", "rule_applied", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
+        "limit_totals", "same_key_calls",
     )
 
     def get_urls(self):
@@ -155,15 +157,46 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
 
     @admin.display(description="amount")
     def amount(self, obj):
-        value = amount_of(obj.tool_call.arguments)
+        value = money_of(obj.tool_call.tool_name, obj.tool_call.arguments)
         return format_html('<span class="desk-amount">{}</span>', value) if value is not None else "—"
 
-    @admin.display(description="order")
+    # The request's reference and counterparty, as its tool declares them (not always an order).
+    @admin.display(description="request")
     def order(self, obj):
-        arguments = obj.tool_call.arguments or {}
-        order = arguments.get("order_id")
-        label = f"order {order}" if order else compact_arguments(arguments, 30)
+        label = request_label(obj.tool_call.tool_name, obj.tool_call.arguments)
         return format_html('{}<br><small class="desk-muted">{}</small>', label, obj.tool_call.tool_name)
+
+    @admin.display(description="limits")
+    def limit_totals(self, obj):
+        """The windows of the agent's limits with this call in them, as counted when it was created."""
+        totals = (obj.tool_call.guard or {}).get("totals") or []
+        if not totals:
+            return "No limit of the agent's counts this tool."
+        return table(
+            ["window", "per", "with this call", "limit"],
+            [(t["window"], f"{t['per']} {t['value']}" if t["per"] not in ("customer", "agent") else t["per"],
+              " · ".join(filter(None, [f"{t['total']} {t.get('currency') or ''}".strip() if t.get("max_amount") else "",
+                                       f"{t['count']} calls" if t.get("max_count") else ""])),
+              " · ".join(filter(None, [f"{t['max_amount']} {t.get('currency') or ''}".strip() if t.get("max_amount") else "",
+                                       f"{t['max_count']} calls" if t.get("max_count") else ""])))
+             for t in totals],
+        )
+
+    @admin.display(description="same business key")
+    def same_key_calls(self, obj):
+        """Every other call that asked for the same business fact, in any run (SPEC §18)."""
+        if not obj.tool_call.business_key:
+            return "This tool has no business key."
+        others = approval_same_key_calls(approval=obj)
+        if not others:
+            return "No other call asked for it."
+        return table(
+            ["call", "run", "status", "created"],
+            [(format_html('<a href="{}">{}</a>', reverse("admin:tools_app_toolcall_change", args=[c.pk]), str(c.pk)[:8]),
+              format_html('<a href="{}">{}</a>', reverse("admin:runs_app_run_change", args=[c.run_id]), str(c.run_id)[:8]),
+              c.status + (" (answered by an earlier call)" if c.reused_from_id else ""), age(c.created_at) + " ago")
+             for c in others],
+        )
 
     @admin.display(description="customer", ordering="run__session__owner__username")
     def customer(self, obj):

@@ -9,6 +9,8 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from tools_app.registry import tool_get
+
 
 def pretty_json(value) -> str:
     """A <pre> block of indented JSON; '—' for nothing."""
@@ -70,6 +72,38 @@ def waited(since: datetime | None, now: datetime | None = None) -> str:
         return "—"
     return format_html('<time class="desk-age" datetime="{}" data-since="{}">{}</time>', since.isoformat(), since.isoformat(),
                        age(since, now))
+
+
+def money_of(tool_name: str, arguments: dict | None) -> str | None:
+    """A call's amount with its currency, as its tool declares them (Tool.amount, .currency or
+    .currency_argument), e.g. "11.00 USD"; None for a call that moves no declared amount."""
+    tool = tool_get(tool_name)
+    arguments = arguments or {}
+    if tool is None or tool.amount is None:
+        amount = amount_of(arguments)
+        return None if amount is None else str(amount)
+    try:
+        amount = Decimal(str(arguments[tool.amount]))
+    except (KeyError, InvalidOperation, ValueError):
+        return None
+    currency = tool.currency or (str(arguments.get(tool.currency_argument) or "") if tool.currency_argument else "")
+    return f"{amount} {currency}".strip()
+
+
+def request_label(tool_name: str, arguments: dict | None) -> str:
+    """What a write is about, from its tool's declaration: its reference and counterparty
+    ("order 9534", "reference INV-1 · account acme"); the arguments in short when it declares none."""
+    tool = tool_get(tool_name)
+    arguments = arguments or {}
+    parts = [f"{_argument_label(name)} {arguments[name]}" for name in
+             (getattr(tool, "reference", None), getattr(tool, "counterparty", None)) if name and name in arguments]
+    if not parts and "order_id" in arguments:
+        parts = [f"order {arguments['order_id']}"]
+    return " · ".join(parts) or compact_arguments(arguments, 30)
+
+
+def _argument_label(name: str) -> str:
+    return name.removesuffix("_id").replace("_", " ")
 
 
 def amount_of(arguments: dict | None) -> Decimal | None:

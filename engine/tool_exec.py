@@ -286,7 +286,7 @@ def _guard_one(row: ToolCall, *, caps, earlier: int, admitted: int, scopes_of, l
             this_turn[scope.lock_key()] = (total + (amount or 0), count + 1)
 
 
-def _with_limits(requirement: RuleMatch, guard: dict | None) -> RuleMatch:
+def _with_limits(requirement: RuleMatch, guard: dict | None, tool_name: str) -> RuleMatch:
     """The stricter of the agent's approval rule and what its limits asked for at creation."""
     if not guard or not guard.get("over"):
         return requirement
@@ -296,9 +296,8 @@ def _with_limits(requirement: RuleMatch, guard: dict | None) -> RuleMatch:
     if not stricter:
         return RuleMatch(approval=requirement.approval, approvers=requirement.approvers, rule=requirement.rule,
                          reason=f"{requirement.reason}; {why}"[:500])
-    rule = f"limit → {'an operator' if tier == ApprovalRequirement.OPERATOR else 'the session’s user'}"
-    if approvers > 1:
-        rule = f"limit → {approvers} distinct operators"
+    who = {ApprovalRequirement.USER: "the session's user"}.get(tier, "an operator")
+    rule = f"{tool_name}: over a limit → {who if approvers == 1 else f'{approvers} distinct operators'}"
     return RuleMatch(approval=tier, approvers=approvers, rule=rule[:300], reason=why[:500])
 
 
@@ -371,7 +370,7 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
     # here, by the run-time, on the validated arguments — nothing the model says counts — and the
     # agent's limits, as they stood when the call was created, may ask for more.
     requirement = _with_limits(approval_requirement(version=run_agent_version(run), tool=tool, arguments=head.arguments),
-                               head.guard)
+                               head.guard, tool.name)
     if requirement.approval != ApprovalRequirement.NONE and not _approved(cp=cp, lease=lease, call=head,
                                                                           requirement=requirement):
         return None

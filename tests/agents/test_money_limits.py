@@ -10,7 +10,7 @@ import pytest
 
 from approvals_app.models import Approval, ApprovalStatus
 from runs_app.models import Run, RunStatus, WaitReason
-from tests.support.agents import tool_modules_setting, wait_for_run
+from tests.support.agents import credit, credit_clerk, tool_modules_setting, wait_for_run
 from tests.support.api import HttpApi, grant
 from tests.support.example_tools.ledger import ledger_bookings
 from tests.support.factories import UserFactory
@@ -20,22 +20,6 @@ from tools_app.models import ToolCall, ToolCallStatus
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 DAILY_30 = {"ledger_credit": [{"window": "24h", "per": "customer", "max_amount": "30.00", "over": "operator"}]}
-
-
-def credit_clerk(slug: str, *, turns: list, limits: dict | None = None, write_caps: dict | None = None) -> dict:
-    """An agent whose credits up to 10.00 need nobody (its rule), over that an operator."""
-    return {
-        "name": slug, "slug": slug, "instructions": "Credit what the customer asks.", "provider": "scripted",
-        "tools": ["ledger_balance", "ledger_credit"],
-        "approval_rules": {"ledger_credit": [{"when": "amount <= 10", "approval": "none"},
-                                             {"when": "amount > 10", "approval": "operator"}]},
-        "limits": limits or {}, "write_caps": write_caps or {},
-        "provider_options": {"turns": turns},
-    }
-
-
-def credit(reference: str = "$message", amount: str = "9.00") -> dict:
-    return {"name": "ledger_credit", "arguments": {"account": "acme", "amount": amount, "reference": reference}}
 
 
 @pytest.fixture
@@ -79,7 +63,7 @@ def test_a_daily_limit_sends_the_credit_that_would_cross_it_to_an_operator_with_
     wait_for_run(runs[3], RunStatus.WAITING, WaitReason.APPROVAL)
     approval = Approval.objects.get(run_id=runs[3])
     assert approval.status == ApprovalStatus.PENDING and approval.policy == "operator"
-    assert approval.rule.startswith("limit")
+    assert approval.rule == "ledger_credit: over a limit → an operator"
     assert "36.00 EUR of 30.00" in approval.rule_reason and "in 24h" in approval.rule_reason
     shown = customer.get(f"/runs/{runs[3]}").json()
     (waiting,) = [c for c in shown["tool_calls"] if c["tool_name"] == "ledger_credit"]

@@ -47,3 +47,21 @@ def run_state(run_id) -> tuple[str, str]:
 def wait_for_run(run_id, status: str, wait_reason: str = "", *, timeout: float = 120):
     return wait_for(lambda: run_state(run_id) == (status, wait_reason), timeout=timeout,
                     message=f"run {run_id} to be {status}/{wait_reason}")
+
+
+# --- the ledger's credit under an agent's rules, caps and limits (SPEC §18) -----------------------------
+
+def credit_clerk(slug: str, *, turns: list, limits: dict | None = None, write_caps: dict | None = None) -> dict:
+    """An agent whose credits up to 10.00 need nobody (its rule), over that an operator."""
+    return {
+        "name": slug, "slug": slug, "instructions": "Credit what the customer asks.", "provider": "scripted",
+        "tools": ["ledger_balance", "ledger_credit"],
+        "approval_rules": {"ledger_credit": [{"when": "amount <= 10", "approval": "none"},
+                                             {"when": "amount > 10", "approval": "operator"}]},
+        "limits": limits or {}, "write_caps": write_caps or {},
+        "provider_options": {"turns": turns},
+    }
+
+
+def credit(reference: str = "$message", amount: str = "9.00") -> dict:
+    return {"name": "ledger_credit", "arguments": {"account": "acme", "amount": amount, "reference": reference}}
