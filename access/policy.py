@@ -40,6 +40,7 @@ DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
 RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
 ARM_DEMO_FAULTS = "demo.change_simfault"
 MANAGE_AGENTS = "agents.change_agent"
+FREEZE_MONEY = "approvals_app.freeze_money"
 
 
 def runs_by_owner(user) -> bool:
@@ -242,6 +243,11 @@ def can_see_tool_call(*, user, tool_call: ToolCall) -> bool:
     if _owns(user, tool_call.run.session.owner_id) or reads_any_run(user):
         return True
     return can_reconcile(user=user) and (tool_call.status == ToolCallStatus.UNKNOWN or tool_call.resolution != "")
+
+
+def can_freeze(*, user) -> bool:
+    """May freeze and unfreeze an agent's, a tool's or a customer's money movement (SPEC §18)."""
+    return is_active(user) and user.has_perm(FREEZE_MONEY)
 
 
 def can_reconcile(*, user) -> bool:

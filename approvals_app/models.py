@@ -134,3 +134,48 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.object_type} {self.object_id}"
+
+
+class FreezeScope(models.TextChoices):
+    AGENT = "agent"
+    TOOL = "tool"
+    CUSTOMER = "customer"
+
+
+class FreezeMode(models.TextChoices):
+    # Writes of the scope wait (`waiting / frozen`) until the freeze is lifted, then go on.
+    WAIT = "wait"
+    # Writes of the scope are refused: the call fails, nothing is sent.
+    REFUSE = "refuse"
+
+
+class Freeze(models.Model):
+    """An operator's stop on money movement (SPEC §18): from its commit on, no write of an agent
+    (its slug), a tool (its name) or a customer (their username) starts until it is lifted. Reads
+    and conversations go on. Set and lifted through engine.actions.freezes, audited."""
+
+    id = models.BigAutoField(primary_key=True)
+    scope = models.CharField(max_length=10, choices=FreezeScope.choices)
+    target = models.CharField(max_length=150)
+    mode = models.CharField(max_length=8, choices=FreezeMode.choices, default=FreezeMode.WAIT)
+    reason = models.TextField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    lifted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                  related_name="+")
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lift_note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        permissions = [("freeze_money", "Can freeze and unfreeze money movement")]
+        constraints = [
+            models.CheckConstraint(condition=Q(scope__in=FreezeScope.values), name="freeze_scope_valid"),
+            models.CheckConstraint(condition=Q(mode__in=FreezeMode.values), name="freeze_mode_valid"),
+            models.UniqueConstraint(fields=["scope", "target"], condition=Q(lifted_at__isnull=True),
+                                    name="freeze_one_active_per_target"),
+        ]
+
+    def __str__(self) -> str:
+        state = "lifted" if self.lifted_at else self.mode
+        return f"{self.scope} {self.target} ({state})"

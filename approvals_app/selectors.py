@@ -8,7 +8,7 @@ from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalStatus, AuditEntry
+from approvals_app.models import Approval, ApprovalStatus, AuditEntry, Freeze, FreezeScope
 from config.pagination import keyset_page
 from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunOutcome, RunStatus, WaitReason
 from sessions_app.models import Message
@@ -244,3 +244,15 @@ def run_outcome(*, run_id) -> str:
     if counts["expired"]:
         return RunOutcome.EXPIRED
     return RunOutcome.NOT_APPLIED if counts["writes"] else RunOutcome.NONE
+
+
+def freeze_active(*, tool_name: str, agent_slug: str, customer_username: str) -> Freeze | None:
+    """The freeze that stops this write, if any (a refusing one before a waiting one)."""
+    scopes = Q(scope=FreezeScope.TOOL, target=tool_name) | Q(scope=FreezeScope.CUSTOMER, target=customer_username)
+    if agent_slug:
+        scopes |= Q(scope=FreezeScope.AGENT, target=agent_slug)
+    return Freeze.objects.filter(scopes, lifted_at__isnull=True).order_by("mode").first()  # "refuse" < "wait"
+
+
+def freezes_in_force() -> list[Freeze]:
+    return list(Freeze.objects.filter(lifted_at__isnull=True).select_related("created_by").order_by("-created_at"))

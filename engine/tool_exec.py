@@ -22,7 +22,8 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalStatus
+from approvals_app.models import Approval, ApprovalStatus, Freeze, FreezeMode
+from approvals_app.selectors import freeze_active
 from config.logs import log_context
 from config.tracing import span, span_set
 from agents.definitions import RuleMatch, approval_requirement
@@ -40,6 +41,7 @@ from engine.state import (
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
 from sessions_app.models import Session
+from sessions_app.selectors import session_customer
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
@@ -374,7 +376,11 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
     if requirement.approval != ApprovalRequirement.NONE and not _approved(cp=cp, lease=lease, call=head,
                                                                           requirement=requirement):
         return None
-    outcome = _write_execute(run=run, lease=lease, call=head, tool=tool, requirement=requirement)
+    try:
+        outcome = _write_execute(run=run, lease=lease, call=head, tool=tool, requirement=requirement)
+    except Frozen as frozen:
+        _frozen(cp=cp, lease=lease, call=head, freeze=frozen.freeze)
+        return None
     if outcome.status == ToolCallStatus.UNKNOWN:
         with transaction.atomic():
             _apply_outcome(outcome, lease=lease)
@@ -383,6 +389,23 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
         raise StopDriving("reconciliation")
     _finish(cp=cp, lease=lease, outcomes=[outcome])
     return None
+
+
+def _frozen(*, cp: Checkpoint, lease: Lease, call: ToolCall, freeze: Freeze) -> None:
+    """A freeze holds the write: the run waits until it is lifted, or the call is refused."""
+    what = f"{freeze.scope} {freeze.target} is frozen by {freeze.created_by.get_username()}: {freeze.reason}"
+    if freeze.mode == FreezeMode.REFUSE:
+        _finish(cp=cp, lease=lease, outcomes=[Outcome(call=call, status=ToolCallStatus.FAILED, error_code="frozen",
+                                                      error_detail=f"{what}; nothing was sent")])
+        return
+    with transaction.atomic():
+        run_transition(
+            run=cp.run, to=RunStatus.WAITING, wait_reason=WaitReason.FROZEN, lease_token=lease.token,
+            event_payload={"tool_call": str(call.id), "tool": call.tool_name, "freeze": freeze.pk,
+                           "frozen": f"{freeze.scope} {freeze.target}"},
+            wait_type="freeze", request_id=str(freeze.pk), resume_target=str(call.id),
+        )
+    raise StopDriving("frozen")
 
 
 def recover_interrupted(*, run: Run, lease: Lease, call: ToolCall) -> None:
@@ -594,8 +617,24 @@ def _reads_execute(*, run: Run, lease: Lease, batch: list[ToolCall]) -> list[Out
         return list(pool.map(lambda c, ctx: ctx.run(_read_once, run, c, lease.token), batch, contexts))
 
 
+class Frozen(Exception):
+    """A freeze stops this write (SPEC §18); nothing was written or sent."""
+
+    def __init__(self, freeze: Freeze):
+        super().__init__(f"{freeze.scope} {freeze.target} is frozen")
+        self.freeze = freeze
+
+
 def _write_execute(*, run: Run, lease: Lease, call: ToolCall, tool, requirement: RuleMatch | None = None) -> Outcome:
     with transaction.atomic():
+        # Under the freeze gate (shared): a freeze committed before this point stops the write.
+        state.freeze_gate()
+        version = run_agent_version(run)
+        customer = session_customer(str(run.session_id))
+        freeze = freeze_active(tool_name=call.tool_name, agent_slug=version.agent.slug if version else "",
+                               customer_username=customer.username if customer else "")
+        if freeze is not None:
+            raise Frozen(freeze)
         if not tool_call_transition(tool_call=call, to=ToolCallStatus.RUNNING, lease_token=lease.token,
                                     started_at=timezone.now(), attempts=call.attempts + 1):
             raise CheckpointStale(f"tool call {call.id} is no longer {call.status}")

@@ -33,11 +33,13 @@ class WaitReason(models.TextChoices):
     APPROVAL = "approval"
     RETRY_BACKOFF = "retry_backoff"
     RECONCILIATION = "reconciliation"
+    # A write of a frozen agent, tool or customer waits for an operator to lift the freeze (SPEC §18).
+    FROZEN = "frozen"
 
 
 # Waits that end when a person acts (or their own clock runs out): they do not use up the run's
 # execution deadline (SPEC §16). A backoff is the run's own time.
-DEADLINE_PAUSED_WAITS = (WaitReason.APPROVAL, WaitReason.WAITING_INPUT, WaitReason.RECONCILIATION)
+DEADLINE_PAUSED_WAITS = (WaitReason.APPROVAL, WaitReason.WAITING_INPUT, WaitReason.RECONCILIATION, WaitReason.FROZEN)
 
 
 class RunOutcome(models.TextChoices):

@@ -36,6 +36,7 @@ WAIT_CLOCKS = {
     WaitReason.WAITING_INPUT: ("question_expiry", "the question expires unanswered"),
     WaitReason.RETRY_BACKOFF: ("backoff", "the backoff ends and the model is asked again"),
     WaitReason.RECONCILIATION: ("reconciliation", "the write's outcome is known; no clock ends this wait"),
+    WaitReason.FROZEN: ("freeze", "an operator lifts the freeze; no clock ends this wait"),
 }
 
 
@@ -52,7 +53,7 @@ def run_wait_clock(run: Run) -> WaitClock | None:
     if run.status != RunStatus.WAITING or not run.wait_reason:
         return None
     clock, meaning = WAIT_CLOCKS[run.wait_reason]
-    ends_at = None if run.wait_reason == WaitReason.RECONCILIATION else run.expires_at
+    ends_at = None if run.wait_reason in (WaitReason.RECONCILIATION, WaitReason.FROZEN) else run.expires_at
     return WaitClock(clock=clock, ends_at=ends_at, meaning=meaning, deadline_paused=run.wait_reason in DEADLINE_PAUSED_WAITS)
 
 

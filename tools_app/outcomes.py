@@ -21,6 +21,7 @@ ENGINE_TEXTS = {
     "outcome_unknown": "We are checking whether this went through; it will not be done twice.",
     # The agent's guards on money (SPEC §18): nothing was done.
     "approval_mismatch": "It changed after it was approved, so it was not done.",
+    "frozen": "Payments are paused right now; this was not done.",
     "write_cap_turn": "Only one such action can be done at a time; this one was not done — ask for it again on its own.",
     "write_cap_run": "This conversation has made as many such actions as it may; this one was not done.",
     "limit_refused": "This would go over a limit on such actions; it was not done.",

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
-from approvals_app.selectors import audit_recent, desk_charts
+from approvals_app.selectors import audit_recent, desk_charts, freezes_in_force
 from approvals_app.selectors import desk_overview as desk_overview_select
 from desk.charts import Series, horizontal_bars, lines, stacked_bars
 from desk.display import cost_of, waited
@@ -47,6 +47,12 @@ def seconds_text(value: float) -> str:
 def desk_overview(context):
     """The overview for staff on the admin index; None for anyone else."""
     return desk_overview_select() if _is_desk_user(context) else None
+
+
+@register.simple_tag(takes_context=True)
+def desk_freezes(context):
+    """The freezes in force, for staff on the admin index (SPEC §18: shown on the dashboard)."""
+    return freezes_in_force() if _is_desk_user(context) else []
 
 
 @register.simple_tag(takes_context=True)

@@ -39,6 +39,7 @@ from engine.state.runs import (
 from engine.state.steps import (
     approval_close,
     business_keys_lock,
+    freeze_gate,
     step_create,
     step_discard,
     step_transition,
@@ -50,7 +51,7 @@ from engine.state.steps import (
 )
 
 __all__ = [
-    "Carried", "Lease", "RUN_STATE_FIELDS", "RunWrite", "approval_close", "business_keys_lock", "input_consume", "input_resolve",
+    "Carried", "Lease", "RUN_STATE_FIELDS", "RunWrite", "approval_close", "business_keys_lock", "freeze_gate", "input_consume", "input_resolve",
     "lease_renew", "lease_revoke_expired", "model_step_opened", "reads_finished", "require_transaction",
     "run_and_latest_step", "run_cancel_request", "run_claim", "run_create", "run_ending_outcome", "run_event_append",
     "run_lease_holder_forget", "run_phase_enter", "run_phase_values", "run_row_lock", "run_seen_by_lease_holder",

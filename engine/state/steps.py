@@ -150,6 +150,17 @@ def business_keys_lock(keys) -> None:
 
 # The first half of the two-number advisory locks on business keys.
 BUSINESS_KEY_LOCK_SPACE = 26
+# The one lock between freezes and writes starting (SPEC §18).
+FREEZE_GATE = (27, 0)
+
+
+def freeze_gate(*, setting: bool = False) -> None:
+    """Until the caller's transaction ends: a write about to start holds the gate shared, a freeze
+    being set holds it alone. So a write that starts after a freeze's commit sees it, and a freeze
+    commits only once the writes already starting have been marked running."""
+    require_transaction("freeze_gate")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT pg_advisory_xact_lock{'' if setting else '_shared'}(%s, %s)", list(FREEZE_GATE))
 
 
 def tool_calls_insert(*, calls: list[ToolCall]) -> list[ToolCall]:

@@ -43,7 +43,9 @@ def test_each_approval_branch_of_the_demo_agent_end_to_end(procs):
     procs.start_workers(workers=2)
     procs.start_sweeper()
     call_command("demo_setup", verbosity=0)  # the demo accounts, world and agent, as `make run` has them
-    customer = UserFactory(username="alice")
+    # A customer of the deployment without a shop account: alice (the shop's u1) would be told u2's
+    # orders do not exist (tests/demo/test_whose_orders.py), and these branches need u2's large ones.
+    customer = UserFactory(username="branch-customer")
     operators = [_operator(f"op{n}") for n in (1, 2, 3)]
     customer_api = HttpApi(procs.base_url, customer)
     op_apis = [HttpApi(procs.base_url, op) for op in operators]

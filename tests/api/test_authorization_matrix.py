@@ -57,6 +57,8 @@ OTHER_ENDPOINTS = {("GET", "/me"), ("POST", "/sessions")}
 # The deployment's agents: everyone signed in reads them (to pick one); defining one or saving a
 # new version needs agents.change_agent, which no caller of the matrix has.
 AGENT_ENDPOINTS = {("GET", "/agents"), ("GET", "/agents/{slug}"), ("POST", "/agents"), ("PUT", "/agents/{slug}")}
+# Freezing money movement needs approvals_app.freeze_money, which no caller of the matrix has.
+FREEZE_ENDPOINTS = {("GET", "/freezes"), ("POST", "/freezes"), ("POST", "/freezes/{freeze_id}/lift")}
 
 BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
@@ -71,7 +73,24 @@ BODIES = {
 def test_the_matrix_covers_every_endpoint_of_the_api():
     schema = api.get_openapi_schema(path_prefix="")
     served = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
-    assert served == set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS
+    assert served == set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS | FREEZE_ENDPOINTS
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize(("method", "path"), sorted(FREEZE_ENDPOINTS))
+def test_no_caller_without_the_freeze_permission_reads_sets_or_lifts_a_freeze(caller, method, path):
+    from approvals_app.models import Freeze
+    from engine.actions.freezes import freeze_set
+
+    scene = Scene()
+    holder = grant(UserFactory(username="on-call", is_staff=True), ("approvals_app", "freeze_money"))
+    freeze = freeze_set(scope="customer", target="alice", reason="review", acting_user=holder)
+    api_client = scene.callers[caller]
+    url = path.replace("{freeze_id}", str(freeze.pk))
+    body = {"scope": "customer", "target": "bob", "reason": "x"} if path == "/freezes" else {"note": "done"}
+    response = api_client.get(url) if method == "GET" else api_client.post(url, body)
+    assert response.status_code == (401 if caller in ("anonymous", "revoked_key") else 403), (caller, response.content)
+    assert list(Freeze.objects.values_list("target", "lifted_at")) == [("alice", None)]
 
 
 class Scene:

@@ -53,7 +53,8 @@ def test_overview_counts(desk_world):
     assert overview.runs_by_status == {
         "queued": 2, "running": 0, "waiting": 4, "completed": 1, "failed": 0, "cancelled": 0,
     }
-    assert overview.runs_by_wait_reason == {"waiting_input": 1, "approval": 1, "retry_backoff": 0, "reconciliation": 2}
+    assert overview.runs_by_wait_reason == {"waiting_input": 1, "approval": 1, "retry_backoff": 0, "reconciliation": 2,
+                                            "frozen": 0}
     assert overview.oldest_waiting.kind == "unknown tool call" and overview.oldest_waiting.pk == desk_world["oldest"].pk
 
 

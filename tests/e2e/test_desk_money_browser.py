@@ -6,7 +6,7 @@ in it and every other call that asked for the same business key."""
 
 import pytest
 
-from approvals_app.models import Approval
+from approvals_app.models import Approval, AuditEntry, Freeze
 from runs_app.models import RunStatus, WaitReason
 from tests.e2e.conftest import browser_page, login, screenshot, scrolls_sideways
 from tests.support.agents import credit, credit_clerk, tool_modules_setting, wait_for_run
@@ -61,3 +61,38 @@ def test_the_queue_and_the_request_say_what_a_ledger_credit_is_with_its_currency
         screenshot(page, "desk-money-request", size)
         assert not scrolls_sideways(page)
         page.context.close()
+
+
+def test_an_operator_freezes_a_tool_on_the_desk_sees_it_on_the_dashboard_and_lifts_it(procs, chromium):
+    procs.start_web(simulator=False)
+    on_call = grant(UserFactory(username="desk-on-call", is_staff=True), ("approvals_app", "freeze_money"))
+    for rounds, size in enumerate(("desktop", "phone"), start=1):
+        page = browser_page(chromium, procs.base_url, size)
+        login(page, "/admin/login/?next=/admin/approvals_app/freeze/add/", on_call.username)
+        page.select_option("#id_scope", "tool")
+        page.fill("#id_target", "no_such_tool")  # refused on the form, nothing set
+        page.fill("#id_reason", "INC-7: payouts misbehave")
+        page.click('input[name="_save"]')
+        assert "no write tool 'no_such_tool'" in page.inner_text("#content")
+        assert not Freeze.objects.filter(lifted_at__isnull=True).exists()
+        page.fill("#id_target", "execute_refund")
+        page.click('input[name="_save"]')
+        page.wait_for_selector("ul.messagelist")
+        assert "in force · wait" in page.inner_text("#result_list")
+
+        page.goto("/admin/")
+        frozen = page.inner_text("#overview-freezes")
+        assert "tool execute_refund · wait" in frozen and "INC-7" in frozen
+        screenshot(page, "desk-freeze-dashboard", size)
+        assert not scrolls_sideways(page)
+
+        page.goto("/admin/approvals_app/freeze/")
+        page.locator("#result_list tbody tr").filter(has_text="in force").locator('input[name="_selected_action"]').check()
+        page.select_option('select[name="action"]', "lift_selected")
+        page.click('button[name="index"]')
+        page.wait_for_selector("ul.messagelist")
+        assert "1 freeze(s) lifted" in page.inner_text("ul.messagelist")
+        page.goto("/admin/")
+        assert "nothing" in page.inner_text("#overview-freezes")
+        page.context.close()
+        assert [e.action for e in AuditEntry.objects.filter(object_type="freeze").order_by("id")] == ["freeze", "unfreeze"] * rounds

@@ -11,8 +11,10 @@ from django.contrib.auth.hashers import make_password
 from django.utils import timezone
 
 from agents.models import Agent, AgentVersion
-from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, AuditEntry
-from demo.models import SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel, SimWebhookReceipt
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, AuditEntry, Freeze, FreezeScope
+from demo.models import (
+    ShopAccount, SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel, SimWebhookReceipt,
+)
 from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from operations.models import ProcessHeartbeat, ProcessRole
 from runs_app.models import ContextSummary, Run, RunEvent, Step, StepKind
@@ -178,6 +180,26 @@ class ApprovalDecisionFactory(factory.django.DjangoModelFactory):
     approval = factory.SubFactory(ApprovalFactory)
     decided_by = factory.SubFactory(UserFactory)
     decision = "approve"
+
+
+class FreezeFactory(factory.django.DjangoModelFactory):
+    """A freeze in force, as a row (engine.actions.freezes sets them, audited)."""
+
+    class Meta:
+        model = Freeze
+
+    scope = FreezeScope.TOOL
+    target = factory.Sequence(lambda n: f"frozen_tool_{n}")
+    reason = "an incident"
+    created_by = factory.SubFactory(UserFactory)
+
+
+class ShopAccountFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = ShopAccount
+
+    user = factory.SubFactory(UserFactory)
+    shop_user_id = factory.Sequence(lambda n: f"u{n + 100}")
 
 
 class AgentFactory(factory.django.DjangoModelFactory):
