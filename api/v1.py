@@ -33,7 +33,8 @@ Browsers use their Django session; unsafe methods then need the `X-CSRFToken` he
 **Scope.** You see your own sessions, runs, tool calls and approvals. Operators' extra powers
 come from permissions: `runs_app.view_run` (read any run), `runs_app.change_run` (cancel any
 run), `sessions_app.view_session` (read any session), `approvals_app.decide_approval` (see and
-decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls). Four
+decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls),
+`approvals_app.freeze_money` (freeze and unfreeze an agent's, a tool's or a customer's writes). Four
 eyes: neither decision is yours to make in your own session. A message's `budgets` are capped by the
 deployment (422 `budget_over_cap` names the cap) unless you have `runs_app.exceed_budget_caps`.
 Whatever you may not see answers 404.
