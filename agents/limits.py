@@ -224,15 +224,7 @@ class LimitVerdict:
 
 def call_money(tool: Tool, arguments: dict) -> tuple[Decimal | None, str | None]:
     """A call's amount and currency, as its tool declares them (None when it declares none)."""
-    amount = None
-    if tool.amount is not None:
-        try:
-            amount = Decimal(str(arguments.get(tool.amount)))
-        except (InvalidOperation, ValueError):
-            amount = None
-    currency = tool.currency or (str(arguments.get(tool.currency_argument) or "").upper() or None
-                                 if tool.currency_argument else None)
-    return amount, currency
+    return tool.money_of(arguments)
 
 
 def limit_scopes(*, tool: Tool, limits: list[dict], arguments: dict, customer_id, agent_id) -> list[Scope]:

@@ -18,6 +18,7 @@ from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, St
 from engine.actions.approvals import approval_decide
 from access import policy as access
 from tools_app.models import ToolCallStatus
+from tools_app.registry import tool_get
 
 router = Router(tags=["approvals"])
 
@@ -28,6 +29,12 @@ class ApprovalToolCallOut(Schema):
     arguments: Any
     status: ToolCallStatus
     idempotency_key: str | None
+    money: str | None = Field(description='the amount with its currency, as the tool declares them, e.g. "9.00 EUR"')
+
+    @staticmethod
+    def resolve_money(call) -> str | None:
+        tool = tool_get(call.tool_name)
+        return tool.money_text(call.arguments) if tool is not None else None
 
 
 class ApprovalOut(Schema):

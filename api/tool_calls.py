@@ -17,6 +17,7 @@ from tools_app.models import Resolution, ToolCallStatus, ToolEffect
 from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
 from access import policy as access
 from tools_app.outcomes import tool_call_customer_text
+from tools_app.registry import tool_get
 from tools_app.selectors import tool_call_get, tool_call_list
 
 router = Router(tags=["tool calls"])
@@ -39,6 +40,7 @@ class ToolCallOut(Schema):
     reused_from: uuid.UUID | None = Field(description="the earlier call with the same key whose outcome answered "
                                                      "this one; this call was not executed")
     reused_from_run: uuid.UUID | None = Field(description="that call's run, when the caller may see it")
+    money: str | None = Field(description='the amount with its currency, as the tool declares them, e.g. "9.00 EUR"')
     result: Any
     error_code: str
     error_detail: str
@@ -60,6 +62,11 @@ class ToolCallOut(Schema):
             return call.approval.pk
         except ObjectDoesNotExist:
             return None
+
+    @staticmethod
+    def resolve_money(call) -> str | None:
+        tool = tool_get(call.tool_name)
+        return tool.money_text(call.arguments) if tool is not None else None
 
     @staticmethod
     def resolve_reused_from(call) -> uuid.UUID | None:

@@ -16,7 +16,7 @@ from runs_app.timeline import run_timeline
 from sessions_app.models import Message, MessageRole
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.outcomes import tool_call_customer_text
-from tools_app.registry import ASK_USER
+from tools_app.registry import ASK_USER, tool_get
 from tools_app.selectors import applied_effects
 
 # What a tool call's status is called in the console (the status itself stays in the markup).
@@ -65,6 +65,11 @@ def tool_label(name: str) -> str:
     return name.replace("_", " ").strip().capitalize()
 
 
+def _money(tool_name: str, arguments: dict) -> str:
+    tool = tool_get(tool_name)
+    return (tool.money_text(arguments) or "") if tool is not None else ""
+
+
 def _tool_card(call: ToolCall, approval: dict | None) -> dict:
     return {
         "id": str(call.id),
@@ -76,6 +81,7 @@ def _tool_card(call: ToolCall, approval: dict | None) -> dict:
         "status_label": TOOL_STATUS_LABELS.get(call.status, call.status),
         "attempts": call.attempts,
         "arguments": _json_text(call.arguments, pretty=False),
+        "money": _money(call.tool_name, call.arguments),
         "result": _json_text(call.result),
         # Plain words for everyone; codes and details are the desk's.
         "message": tool_call_customer_text(tool_name=call.tool_name, effect=call.effect, status=call.status,

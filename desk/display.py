@@ -78,16 +78,10 @@ def money_of(tool_name: str, arguments: dict | None) -> str | None:
     """A call's amount with its currency, as its tool declares them (Tool.amount, .currency or
     .currency_argument), e.g. "11.00 USD"; None for a call that moves no declared amount."""
     tool = tool_get(tool_name)
-    arguments = arguments or {}
     if tool is None or tool.amount is None:
         amount = amount_of(arguments)
         return None if amount is None else str(amount)
-    try:
-        amount = Decimal(str(arguments[tool.amount]))
-    except (KeyError, InvalidOperation, ValueError):
-        return None
-    currency = tool.currency or (str(arguments.get(tool.currency_argument) or "") if tool.currency_argument else "")
-    return f"{amount} {currency}".strip()
+    return tool.money_text(arguments)
 
 
 def request_label(tool_name: str, arguments: dict | None) -> str:

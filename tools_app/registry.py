@@ -3,6 +3,7 @@ whether, when and how it runs (SPEC §6)."""
 
 import hashlib
 import json
+from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -93,6 +94,26 @@ class Tool:
     counterparty: str | None = None
     reference: str | None = None
     extra: dict = field(default_factory=dict)
+
+    def money_of(self, arguments: dict | None) -> tuple[Decimal | None, str | None]:
+        """A call's amount and currency, as the tool declares them (None, None when it declares no amount)."""
+        arguments = arguments or {}
+        if self.amount is None:
+            return None, None
+        try:
+            amount = Decimal(str(arguments.get(self.amount)))
+        except (InvalidOperation, ValueError):
+            return None, None
+        if not amount.is_finite():
+            return None, None
+        currency = self.currency or (str(arguments.get(self.currency_argument) or "").upper() or None
+                                     if self.currency_argument else None)
+        return amount, currency
+
+    def money_text(self, arguments: dict | None) -> str | None:
+        """"9.00 EUR": how every surface shows a call's amount (None for a tool that declares none)."""
+        amount, currency = self.money_of(arguments)
+        return None if amount is None else f"{amount} {currency or ''}".strip()
 
     def openai_schema(self) -> dict:
         return {

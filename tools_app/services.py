@@ -8,8 +8,9 @@ from typing import Any
 
 from runs_app.events import RunEventType
 from sessions_app.models import Message, MessageRole
-from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.outcomes import tool_call_customer_text
+from tools_app.registry import tool_get
 
 
 def tool_call_event_payload(tool_call: ToolCall) -> dict:
@@ -28,6 +29,11 @@ def tool_call_event_payload(tool_call: ToolCall) -> dict:
                                            status=tool_call.status, error_code=tool_call.error_code,
                                            error_detail=tool_call.error_detail),
     }
+    if tool_call.effect == ToolEffect.WRITE:
+        tool = tool_get(tool_call.tool_name)
+        money = tool.money_text(tool_call.arguments) if tool is not None else None
+        if money:
+            payload["money"] = money  # "9.00 EUR": the amount with its currency, on every surface
     if tool_call.business_key:
         payload["business_key"] = tool_call.business_key
     if tool_call.reused_from_id:

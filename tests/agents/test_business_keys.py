@@ -66,6 +66,7 @@ def test_one_settlement_books_once_whichever_run_session_or_retry_asks_again(pro
     original = _credit_of(globex_api, first)
     assert original["status"] == ToolCallStatus.SUCCEEDED and original["business_key"] == "ledger_credit:credit:globex:SET-2"
     assert original["idempotency_key"] == original["business_key"] and original["reused_from"] is None
+    assert original["money"] == "8.00 EUR"  # the amount with the currency the tool declares
     assert [(b["account"], b["amount"], b["reference"]) for b in ledger_bookings()] == [("globex", "8.00", "SET-2")]
 
     # The same message again, in the same session: a second run, which does not book again.

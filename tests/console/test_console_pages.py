@@ -115,6 +115,7 @@ def test_a_waiting_refund_shows_tool_cards_and_waiting_for_an_operator():
     html = page(client_for(owner), f"/console/sessions/{session.pk}/")
     assert "query_order" in html and "execute_refund" in html and "refund_eligible" in html
     assert "status-succeeded" in html and "status-pending" in html
+    assert '<span class="money" data-role="money">10.00 USD</span>' in html  # the refund's amount, in its currency
     assert "Waiting for an operator to approve this." in html
     assert "/admin/approvals_app/approval/" not in html  # the customer gets no admin link
     assert f'data-approval="{approval.pk}"' in html and "decide-form" not in html

@@ -429,6 +429,7 @@
     badge.className = "badge status-" + p.status;
     role(card, "attempts").textContent = p.attempts > 1 ? p.attempts + " attempts" : "";
     role(card, "arguments").textContent = jsonText(p.arguments, true);
+    role(card, "money").textContent = p.money || "";  // "9.00 EUR": the amount with its currency
     var result = jsonText(p.result);
     role(card, "result").textContent = result;
     role(card, "result-box").hidden = !result;
@@ -446,6 +447,9 @@
       make("code", "tool-name", p.tool),
       make("span", "effect effect-" + p.effect, p.effect === "write" ? "changes something" : "look-up")
     );
+    var money = make("span", "money");
+    money.dataset.role = "money";
+    head.append(money);
     var badge = make("span", "badge");
     badge.dataset.role = "tool-status";
     var attempts = make("span", "attempts");
