@@ -60,8 +60,13 @@ def _events_match_their_contract(django_db_setup, django_db_blocker):
     from runs_app.models import RunEvent
     from tests.support import event_contract
 
-    if connection.settings_dict["NAME"] != connection.creation._get_test_db_name():
-        # No test selected needs the database (pytest-django then creates none): nothing can emit.
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        # The test database django_db_setup made and pointed the connection at — with the run tables,
+        # or nothing can emit. (This compared the connection's name with
+        # `_get_test_db_name()`, which once set up is "test_" + the test name: the check never ran.)
+        cursor.execute("SELECT to_regclass('runs_app_runevent') IS NOT NULL")
+        migrated = cursor.fetchone()[0]
+    if not migrated:
         yield
         return
     seen: dict[str, set[str]] = {}
