@@ -147,6 +147,11 @@ def can_retry_run(*, user, run: Run) -> bool:
     return run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and can_cancel_run(user=user, run=run, even_if_ended=True)
 
 
+def can_fork_run(*, user, run: Run) -> bool:
+    """Who may cancel a run may fork it once it has ended (engine.actions.runs.run_fork)."""
+    return run.is_terminal and can_cancel_run(user=user, run=run, even_if_ended=True)
+
+
 # --- approvals ---------------------------------------------------------------------------------
 
 
@@ -180,7 +185,8 @@ def decidable_approvals(*, user) -> Q:
         quorum = Q(required_approvals__gt=1)
         # Never a quorum in one's own session, nor one the caller already approved.
         operator &= ~mine if settings.WARDEN_FOUR_EYES else ~(quorum & mine)
-        operator &= ~(quorum & Q(pk__in=ApprovalDecision.objects.filter(decided_by_id=user.pk).values("approval_id")))
+        operator &= ~(quorum & Q(pk__in=ApprovalDecision.objects.filter(decided_by_id=user.pk, voided_at__isnull=True)
+                                     .values("approval_id")))
         decidable |= operator
     return Q(status=ApprovalStatus.PENDING) & decidable
 
@@ -209,7 +215,22 @@ ALREADY_APPROVED = "You have already approved this request; it needs another ope
 def has_approved(*, user, approval: Approval) -> bool:
     """Whether `user` is one of a quorum approval's approvers already (a refusal that is a
     conflict — their decision is in — not a lack of permission)."""
-    return approval.required_approvals > 1 and approval.decisions.filter(decided_by_id=user.pk).exists()
+    return approval.required_approvals > 1 and approval.decisions.filter(decided_by_id=user.pk, voided_at__isnull=True).exists()
+
+
+def why_not_an_editor(*, user, approval: Approval) -> str:
+    """'' when `user` may change the arguments of the write `approval` holds before it is decided
+    (SPEC §18): an operator who may decide it — having approved it already does not bar an edit
+    (the edit voids every approval so far). A customer's confirmation is theirs to give or
+    refuse as asked, never edited."""
+    if approval.policy == ApprovalPolicy.USER:
+        return "A customer's confirmation cannot be edited: the customer confirms or declines what was asked."
+    refusal = why_not_a_decider(user=user, approval=approval)
+    return "" if refusal == ALREADY_APPROVED else refusal
+
+
+def can_edit_approval(*, user, approval: Approval) -> bool:
+    return approval.status == ApprovalStatus.PENDING and why_not_an_editor(user=user, approval=approval) == ""
 
 
 def why_cannot_decide(*, user, approval: Approval) -> str:

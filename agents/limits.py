@@ -222,14 +222,9 @@ class LimitVerdict:
         return strictest["over"], strictest.get("approvers", 1) if strictest["over"] == ApprovalRequirement.OPERATOR else 1
 
 
-def call_money(tool: Tool, arguments: dict) -> tuple[Decimal | None, str | None]:
-    """A call's amount and currency, as its tool declares them (None when it declares none)."""
-    return tool.money_of(arguments)
-
-
 def limit_scopes(*, tool: Tool, limits: list[dict], arguments: dict, customer_id, agent_id) -> list[Scope]:
     """The scope each of the tool's limits adds up for this call (in the limits' order)."""
-    _, currency = call_money(tool, arguments)
+    _, currency = tool.money_of(arguments)
     scopes = []
     for limit in limits:
         per = limit["per"]
@@ -242,12 +237,12 @@ def limit_verdict(*, tool: Tool, limits: list[dict], scopes: list[Scope], argume
     """The limits' verdict on a call, given `spent(scope, since) -> (total, count)` of the calls
     before it (the caller holds the scopes' locks)."""
     verdict = LimitVerdict()
-    amount, currency = call_money(tool, arguments)
+    amount, currency = tool.money_of(arguments)
     now = timezone.now()
     for limit, scope in zip(limits, scopes):
         if "max_amount" in limit and scope.currency != currency:
             continue  # a limit in another currency does not count this call
-        total, count = spent(scope, now - window_of(limit["window"]), "max_amount" in limit)
+        total, count = spent(scope, now - window_of(limit["window"]))
         total, count = total + (amount or 0), count + 1
         verdict.totals.append({"window": limit["window"], "per": limit["per"], "value": scope.value,
                                "currency": scope.currency, "total": str(total), "count": count,

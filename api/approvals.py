@@ -15,7 +15,7 @@ from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from approvals_app.selectors import approval_get, approval_list
 from approvals_app.services import approval_approvers
 from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, StorableText, errors
-from engine.actions.approvals import approval_decide
+from engine.actions.approvals import EDIT_REASON_CHARS, approval_decide, approval_edit
 from access import policy as access
 from tools_app.models import ToolCallStatus
 from tools_app.registry import tool_get
@@ -26,7 +26,9 @@ router = Router(tags=["approvals"])
 class ApprovalToolCallOut(Schema):
     id: uuid.UUID
     tool_name: str
-    arguments: Any
+    arguments: Any = Field(description="what executes if approved")
+    proposed_arguments: Any = Field(None, description="what the model asked, when an operator edited the arguments; "
+                                                      "null otherwise")
     status: ToolCallStatus
     idempotency_key: str | None
     money: str | None = Field(description='the amount with its currency, as the tool declares them, e.g. "9.00 EUR"')
@@ -104,6 +106,15 @@ class DecisionIn(BodyIn):
                                                                            "(the model passes it on after \"An operator declined it.\")")
 
 
+class EditIn(BodyIn):
+    arguments: dict[str, Any] = Field(description="the call's arguments as they should execute, all of them; "
+                                                  "validated by the tool's schema")
+    reason: StorableText = Field(min_length=1, max_length=EDIT_REASON_CHARS,
+                                 description="why: for the desk and the audit trail; the customer never sees it")
+    tool: str | None = Field(None, max_length=100, description="the tool, if given: it must be the call's own — "
+                                                              "an edit never changes the tool")
+
+
 def _visible_approval(request, approval_id):
     approval = approval_get(approvals=access.visible_approvals(user=request.auth), approval_id=approval_id)
     if approval is None:
@@ -155,4 +166,22 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
         raise WardenError(ApprovalRefusal.EXPIRED, "This approval request has expired.")
     approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth,
                     customer_message=payload.customer_message)
+    return _visible_approval(request, approval_id)
+
+
+@router.post(
+    "/{approval_id}/edit",
+    response={200: ApprovalOut, **COMMON_ERRORS, **errors(403, 409)},
+    summary="Change a pending write's arguments",
+)
+def approvals_edit(request, approval_id: uuid.UUID, payload: EditIn):
+    """Before deciding, an operator who may decide the request changes the write's arguments
+    (never its tool), saying why. The edited call is validated by the tool's schema and re-checked
+    against the agent's rules and limits: it goes to a higher tier or quorum if it now needs one,
+    every approval so far is void, and the decision that follows binds to the edited call. The
+    run keeps waiting for that decision. 422 `invalid_edit` (with the reason) or
+    `tool_change_refused` leaves everything as it was."""
+    approval = _visible_approval(request, approval_id)
+    approval_edit(approval=approval, arguments=payload.arguments, reason=payload.reason, acting_user=request.auth,
+                  tool_name=payload.tool)
     return _visible_approval(request, approval_id)

@@ -23,7 +23,7 @@ from api.base import (
 from api.tool_calls import ToolCallOut
 from approvals_app.selectors import approvals_of_run
 from engine.actions.cancel import run_cancel_request
-from engine.actions.runs import run_retry
+from engine.actions.runs import run_fork, run_retry
 from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_event_list, run_get, run_list, run_recent_events, run_steps, run_wait_clock
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
@@ -165,6 +165,9 @@ class RunDetailOut(RunOut):
     can_retry: bool = Field(description="whether the caller may try this failed or cancelled run again")
     retry_of: uuid.UUID | None = Field(description="the run this one retries")
     retries: list[uuid.UUID] = Field(description="runs that retried this one, oldest first")
+    can_fork: bool = Field(description="whether the caller may fork this ended run")
+    forked_from: uuid.UUID | None = Field(description="the run this one forks (in another session)")
+    forks: list[uuid.UUID] = Field(description="runs that forked this one, oldest first")
     steps: list[StepOut]
     tool_calls: list[ToolCallOut]
     approvals: list[ApprovalOut]
@@ -217,6 +220,9 @@ def run_detail_out(*, run, user) -> SimpleNamespace:
         "agent": _agent_of(run),
         "retry_of": run.retry_of_id,
         "retries": list(run.retries.order_by("created_at").values_list("id", flat=True)),
+        "can_fork": access.can_fork_run(user=user, run=run),
+        "forked_from": run.forked_from_id,
+        "forks": list(run.forks.order_by("created_at").values_list("id", flat=True)),
         # Everything about the run, in a fixed number of queries.
         "steps": run_steps(run_id=run.pk),
         "tool_calls": tool_calls_of_run(run_id=run.pk),
@@ -339,6 +345,23 @@ def runs_retry(request, run_id: uuid.UUID, payload: RetryIn | None = None):
         budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}
     retry = run_retry(run=run, acting_user=request.auth, budgets=budgets, reason=payload.reason if payload else "")
     return Status(201, retry)
+
+
+class ForkIn(BodyIn):
+    reason: StorableText = Field("", max_length=300, description="why; kept in the audit trail")
+
+
+@router.post("/{run_id}/fork", response={201: RunOut, **COMMON_ERRORS, **errors(403, 409)}, summary="Fork a run")
+def runs_fork(request, run_id: uuid.UUID, payload: ForkIn | None = None):
+    """Run an ended run's conversation again from the customer's message that started it, as a new
+    run in a new session of the same customer (its `session_id`), with the run's agent version and
+    budgets. Business keys are the deployment's: a write the old run — or anyone — already asked for
+    is answered with that outcome, never made again. 409 while the run is active."""
+    run = _visible_run(request, run_id)
+    if not access.can_cancel_run(user=request.auth, run=run, even_if_ended=True):
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "You may not fork this run.")
+    fork = run_fork(run=run, acting_user=request.auth, reason=payload.reason if payload else "")
+    return Status(201, fork)
 
 
 # ---------------------------------------------------------------------------

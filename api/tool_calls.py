@@ -30,7 +30,9 @@ class ToolCallOut(Schema):
     index: int
     tool_call_id: str = Field(description="the model's id of the call (not a business key)")
     tool_name: str
-    arguments: Any
+    arguments: Any = Field(description="what executes (or executed)")
+    proposed_arguments: Any = Field(None, description="what the model asked, when an operator edited the arguments "
+                                                      "before approving; null otherwise")
     effect: ToolEffect
     status: ToolCallStatus
     attempts: int

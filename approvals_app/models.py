@@ -95,12 +95,16 @@ class ApprovalDecision(models.Model):
     decided_at = models.DateTimeField(auto_now_add=True)
     # The digest of exactly what this person decided on: the call executes only if it still matches.
     digest = models.CharField(max_length=64, blank=True)
+    # When an operator's edit of the call voided this approval (SPEC §18): it no longer counts
+    # towards the quorum, and the person may approve the edited call afresh.
+    voided_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["approval", "decided_at", "id"]
         constraints = [
-            # Distinct deciders, whatever the code does.
-            models.UniqueConstraint(fields=["approval", "decided_by"], name="approval_decision_one_per_person"),
+            # Distinct deciders among the decisions that count, whatever the code does.
+            models.UniqueConstraint(fields=["approval", "decided_by"], condition=Q(voided_at__isnull=True),
+                                    name="approval_decision_one_per_person"),
             models.CheckConstraint(condition=Q(decision__in=["approve", "reject"]), name="approval_decision_valid"),
         ]
 

@@ -44,8 +44,8 @@ def approval_approvers(*, approval: Approval) -> list[str]:
     """Who has approved so far, in order (a quorum approval collects several)."""
     if approval._state.adding:
         return []
-    return list(ApprovalDecision.objects.filter(approval_id=approval.pk, decision="approve").order_by("id")
-                .values_list("decided_by__username", flat=True))
+    return list(ApprovalDecision.objects.filter(approval_id=approval.pk, decision="approve", voided_at__isnull=True)
+                .order_by("id").values_list("decided_by__username", flat=True))
 
 
 def approval_decision_record(*, approval: Approval, decided_by, decision: str, note: str) -> ApprovalDecision:

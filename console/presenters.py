@@ -18,6 +18,7 @@ from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.outcomes import tool_call_customer_text
 from tools_app.registry import ASK_USER, tool_get
 from tools_app.selectors import applied_effects
+from tools_app.services import edited_text
 
 # What a tool call's status is called in the console (the status itself stays in the markup).
 TOOL_STATUS_LABELS = {
@@ -82,6 +83,7 @@ def _tool_card(call: ToolCall, approval: dict | None) -> dict:
         "attempts": call.attempts,
         "arguments": _json_text(call.arguments, pretty=False),
         "money": _money(call.tool_name, call.arguments),
+        "edited": edited_text(call),
         "result": _json_text(call.result),
         # Plain words for everyone; codes and details are the desk's.
         "message": tool_call_customer_text(tool_name=call.tool_name, effect=call.effect, status=call.status,

@@ -3,6 +3,8 @@ a confirmation page with a note. Each decision is `approval_decide`, the same se
 uses, called once per request — so each is permission-checked and audited on its own; this
 module only asks for confirmation and reports the outcome."""
 
+import json
+
 from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
@@ -17,9 +19,10 @@ from approvals_app.models import Approval, ApprovalStatus
 from approvals_app.errors import ApprovalRefusal
 from approvals_app.services import approval_approvers
 from config.errors import WardenError
-from engine.actions.approvals import approval_decide
+from engine.actions.approvals import EDIT_REASON_CHARS, approval_decide, approval_edit
 from access import policy as access
 from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, decision_text
+from tools_app.registry import tool_get
 
 DECISIONS = {"approve": "Approve", "reject": "Reject"}
 # A bulk decision covers at most this many requests (one page of the queue, and then some).
@@ -54,13 +57,22 @@ def _decided_message(decision: str, calls) -> str:
     return f"Rejected: {what}. The customer is told: {decision_text(rejected_by_customer=False)}"
 
 
-def approval_decide_view(request, *, model_admin, object_id: str, decision: str):
-    opts = model_admin.model._meta
+def _approval_shown(request, model_admin, object_id: str):
+    """The approval a page is about, or (None, the admin's "does not exist" redirect); PermissionDenied
+    when the user may not see it."""
     approval = model_admin.get_object(request, unquote(object_id))
     if approval is None:
-        return model_admin._get_obj_does_not_exist_redirect(request, opts, object_id)
+        return None, model_admin._get_obj_does_not_exist_redirect(request, model_admin.model._meta, object_id)
     if not model_admin.has_view_permission(request, approval):
         raise PermissionDenied
+    return approval, None
+
+
+def approval_decide_view(request, *, model_admin, object_id: str, decision: str):
+    opts = model_admin.model._meta
+    approval, missing = _approval_shown(request, model_admin, object_id)
+    if missing:
+        return missing
     change_url = reverse("admin:approvals_app_approval_change", args=[approval.pk])
     form = DecisionForm(request.POST or None, decision=decision)
     status = 200
@@ -99,6 +111,7 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
         "approval": approval,
         "decision": decision,
         "decision_label": DECISIONS[decision],
+        "step_label": DECISIONS[decision],
         "form": form,
         "can_decide": status == 200 and approval.status == ApprovalStatus.PENDING,
         "refusal": refusal,
@@ -110,6 +123,102 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/approvals_app/approval/decide.html", context, status=status)
+
+
+class EditForm(forms.Form):
+    """One field per argument the tool declares (its pydantic model), as text — the tool's schema
+    is the judge of what is valid, in the action — and the reason."""
+
+    def __init__(self, *args, arguments_model, current: dict, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.structured = set()
+        for name, info in arguments_model.model_fields.items():
+            value = current.get(name, "")
+            if isinstance(value, (dict, list)):
+                # Anything but a scalar is edited as JSON.
+                self.structured.add(name)
+                value = json.dumps(value)
+            self.fields[f"arg_{name}"] = forms.CharField(
+                label=name, initial="" if value is None else str(value), required=False, strip=True,
+                help_text=info.description or "", widget=forms.TextInput(attrs={"class": "desk-edit-field", "autocomplete": "off"}))
+        self.fields["reason"] = forms.CharField(
+            label="Reason", widget=forms.Textarea(attrs={"rows": 3, "cols": 70}), max_length=EDIT_REASON_CHARS, strip=True,
+            help_text="Required. Why the call should run with these arguments: for the desk and the audit trail; "
+                      "the customer never sees it.")
+
+    def arguments(self) -> dict:
+        """The edited arguments: a field left empty is left out (the tool's default, or its
+        schema's refusal if it is required)."""
+        edited = {}
+        for key, value in self.cleaned_data.items():
+            if not key.startswith("arg_") or value == "":
+                continue
+            name = key[len("arg_"):]
+            if name in self.structured:
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    raise WardenError(ApprovalRefusal.INVALID_EDIT, f"{name}: not valid JSON") from None
+            edited[name] = value
+        return edited
+
+
+def approval_edit_view(request, *, model_admin, object_id: str):
+    """Change a pending write's arguments before deciding (engine.actions.approvals.approval_edit):
+    the page shows the call as asked, a field per argument and the reason; a refused edit says
+    why and changes nothing."""
+    opts = model_admin.model._meta
+    approval, missing = _approval_shown(request, model_admin, object_id)
+    if missing:
+        return missing
+    change_url = reverse("admin:approvals_app_approval_change", args=[approval.pk])
+    call = approval.tool_call
+    tool = tool_get(call.tool_name)
+    status = 200
+    refusal = access.why_not_an_editor(user=request.user, approval=approval)
+    if not refusal and approval.status != ApprovalStatus.PENDING:
+        refusal = f"Already {approval.status}: it can no longer be edited."
+    if not refusal and tool is None:
+        refusal = f"The tool {call.tool_name} is not installed here; its calls cannot be edited."
+    form = EditForm(request.POST or None, arguments_model=tool.arguments, current=call.arguments) if tool else None
+    if refusal:
+        messages.error(request, f"You may not edit this request: {refusal}")
+        status = 403
+    elif request.method == "POST" and form.is_valid():
+        try:
+            approval_edit(approval=approval, arguments=form.arguments(), reason=form.cleaned_data["reason"],
+                          acting_user=request.user)
+        except WardenError as error:
+            messages.error(request, error.message)
+            status = 403 if error.code is ApprovalRefusal.NOT_PERMITTED else 422
+        else:
+            approval.refresh_from_db()
+            needs = (f"{approval.required_approvals} operators' approvals" if approval.required_approvals > 1
+                     else "an operator's approval")
+            money = tool.money_text(approval.tool_call.arguments)
+            messages.success(request, f"Changed: {call.tool_name} ({compact_arguments(approval.tool_call.arguments)})"
+                                      f"{f' — {money}' if money else ''}. It now needs {needs}; "
+                                      "approvals given before the edit no longer count.")
+            return HttpResponseRedirect(change_url)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"Edit {call.tool_name} before deciding",
+        "step_label": "Edit arguments",
+        "opts": opts,
+        "app_label": opts.app_label,
+        "original": approval,
+        "approval": approval,
+        "form": form,
+        "can_edit": not refusal,
+        "refusal": refusal,
+        "arguments": model_admin.arguments_pretty(approval),
+        "asked": compact_arguments(call.proposed_arguments) if call.proposed_arguments is not None else "",
+        "rule": model_admin.rule_applied(approval),
+        "expiry": countdown(approval.expires_at) if approval.status == ApprovalStatus.PENDING else "—",
+        "change_url": change_url,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/approvals_app/approval/edit.html", context, status=status)
 
 
 def _row(approval: Approval, user) -> dict:

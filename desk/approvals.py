@@ -9,7 +9,7 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
 from desk.display import age, badge, compact_arguments, countdown, money_of, pretty_json, request_label, table, waited
-from desk.approval_views import approval_decide_view, approvals_decide_action
+from desk.approval_views import approval_decide_view, approval_edit_view, approvals_decide_action
 from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry
 from approvals_app.services import approval_approvers
 from approvals_app.selectors import approval_conversation, approval_read_results, approval_same_key_calls
@@ -102,6 +102,7 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         return [
             path("<path:object_id>/approve/", wrap(self.approve_view), name="approvals_app_approval_approve"),
             path("<path:object_id>/reject/", wrap(self.reject_view), name="approvals_app_approval_reject"),
+            path("<path:object_id>/edit-arguments/", wrap(self.edit_view), name="approvals_app_approval_edit"),
             *super().get_urls(),
         ]
 
@@ -110,6 +111,9 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
 
     def reject_view(self, request, object_id):
         return approval_decide_view(request, model_admin=self, object_id=object_id, decision="reject")
+
+    def edit_view(self, request, object_id):
+        return approval_edit_view(request, model_admin=self, object_id=object_id)
 
     def visible(self, user):
         # The API's scope: an operator who may decide sees the operator-level requests (and
@@ -133,6 +137,7 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         extra_context = {
             **(extra_context or {}),
             "can_decide": approval is not None and self._decidable(request, approval),
+            "can_edit": approval is not None and access.can_edit_approval(user=request.user, approval=approval),
             "barred": access.why_not_a_decider(user=request.user, approval=approval)
             if approval is not None and approval.status == ApprovalStatus.PENDING else "",
         }
@@ -232,7 +237,12 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
 
     @admin.display(description="arguments")
     def arguments_pretty(self, obj):
-        return pretty_json(obj.tool_call.arguments)
+        proposed = obj.tool_call.proposed_arguments
+        if proposed is None:
+            return pretty_json(obj.tool_call.arguments)
+        # Edited by an operator before approving (SPEC §18): what executes, and what the model asked.
+        return format_html('{}<p class="desk-edited" id="asked-arguments">Edited by an operator; the model asked: {}</p>',
+                           pretty_json(obj.tool_call.arguments), compact_arguments(proposed, limit=200))
 
     @admin.display(description="idempotency key")
     def idempotency_key(self, obj):

@@ -27,12 +27,13 @@ from approvals_app.selectors import freeze_active
 from config.logs import log_context
 from config.tracing import span, span_set
 from agents.definitions import RuleMatch, approval_requirement
-from agents.limits import PER_RUN, PER_TURN, TIER_ORDER, call_money, limit_scopes, limit_verdict, write_caps_of
+from agents.limits import PER_RUN, PER_TURN, limit_scopes, limit_verdict, write_caps_of
 from agents.selectors import run_agent_version
 from engine import state
 from engine.actions.approvals import approval_expire, approval_request, tool_call_close_for_decision
 from engine.checkpoint import Checkpoint, CheckpointStale, StopDriving, budget_left
 from engine.faults import fault_point
+from engine.guards import RETRY_KEY_MARK, key_base, retried_runs, scope_spent, with_limits
 from engine.interjections import inputs_at_safe_point
 from engine.lease import Heartbeat
 from engine.state import (
@@ -40,13 +41,11 @@ from engine.state import (
 )
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
-from sessions_app.models import Session
 from sessions_app.selectors import session_customer
 from sessions_app.services import messages_append
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, ToolContext, ToolError, ToolOutcomeUnknown, tool_get
 from tools_app.outcomes import ALREADY_DONE, ALREADY_DONE_TEXT
-from tools_app.selectors import writes_spent
 from tools_app.services import tool_call_digest, tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.tools")
@@ -158,7 +157,7 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
     deduplicated within its run, and a retried run reuses what the runs it retries applied
     (SPEC §16, §18). The leading reads are marked running at once."""
     has_writes = any(tool_get(c.name).effect == ToolEffect.WRITE for c in proposed)
-    lineage = _retried_runs(run) if has_writes else []
+    lineage = retried_runs(run) if has_writes else []
     business = {}
     for position, call in enumerate(proposed):
         tool = tool_get(call.name)
@@ -177,7 +176,7 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
                                          business_key__isnull=True)
     } if keyless else {}
     applied_before = {
-        _key_base(c.idempotency_key): c
+        key_base(c.idempotency_key): c
         for c in ToolCall.objects.filter(run_id__in=[r.pk for r in lineage], effect=ToolEffect.WRITE,
                                          status=ToolCallStatus.SUCCEEDED, idempotency_key__isnull=False,
                                          business_key__isnull=True)
@@ -228,7 +227,7 @@ def _guards_decide(*, run: Run, rows: list[ToolCall]) -> None:
     earlier = (ToolCall.objects.filter(run_id=run.id, effect=ToolEffect.WRITE, reused_from__isnull=True)
                .exclude(guard__has_key="refused").count())
     limits_of = (version.limits or {}) if version is not None else {}
-    customer_id = Session.objects.values_list("owner_id", flat=True).get(pk=run.session_id)
+    customer_id = session_customer(str(run.session_id)).id  # kept per process
     agent_id = version.agent_id if version is not None else None
     scopes_of = {
         id(row): limit_scopes(tool=tool_get(row.tool_name), limits=limits_of[row.tool_name], arguments=row.arguments,
@@ -266,10 +265,8 @@ def _guard_one(row: ToolCall, *, caps, earlier: int, admitted: int, scopes_of, l
     if id(row) in scopes_of:
         scopes = scopes_of[id(row)]
 
-        def spent(scope, since, _with_amount, tool=tool):
-            total, count = writes_spent(tool_name=tool.name, since=since, per=scope.per, value=scope.value,
-                                        amount_argument=tool.amount, currency_argument=tool.currency_argument,
-                                        currency=scope.currency)
+        def spent(scope, since, tool=tool):
+            total, count = scope_spent(tool, scope, since)
             more_total, more_count = this_turn.get(scope.lock_key(), (Decimal("0"), 0))
             return total + more_total, count + more_count
 
@@ -282,25 +279,10 @@ def _guard_one(row: ToolCall, *, caps, earlier: int, admitted: int, scopes_of, l
             return
         approval, approvers = verdict.tier()
         row.guard = {"totals": verdict.totals, "over": over, "approval": approval, "approvers": approvers}
-        amount, _ = call_money(tool, row.arguments)
+        amount, _ = tool.money_of(row.arguments)
         for scope in scopes:
             total, count = this_turn.get(scope.lock_key(), (Decimal("0"), 0))
             this_turn[scope.lock_key()] = (total + (amount or 0), count + 1)
-
-
-def _with_limits(requirement: RuleMatch, guard: dict | None, tool_name: str) -> RuleMatch:
-    """The stricter of the agent's approval rule and what its limits asked for at creation."""
-    if not guard or not guard.get("over"):
-        return requirement
-    tier, approvers = guard["approval"], guard["approvers"]
-    stricter = (TIER_ORDER[tier], approvers) > (TIER_ORDER[requirement.approval], requirement.approvers)
-    why = "over a limit: " + "; ".join(guard["over"])
-    if not stricter:
-        return RuleMatch(approval=requirement.approval, approvers=requirement.approvers, rule=requirement.rule,
-                         reason=f"{requirement.reason}; {why}"[:500])
-    who = {ApprovalRequirement.USER: "the session's user"}.get(tier, "an operator")
-    rule = f"{tool_name}: over a limit → {who if approvers == 1 else f'{approvers} distinct operators'}"
-    return RuleMatch(approval=tier, approvers=approvers, rule=rule[:300], reason=why[:500])
 
 
 def _business_key_decide(row: ToolCall, asked: list[ToolCall], *, retried_runs: set) -> None:
@@ -318,23 +300,6 @@ def _business_key_decide(row: ToolCall, asked: list[ToolCall], *, retried_runs: 
         return
     row.idempotency_key = f"{row.business_key}{RETRY_KEY_MARK}{len(asked)}" if asked else row.business_key
     asked.append(row)  # a later call of the same turn with the same key is answered by this one
-
-
-RETRY_KEY_MARK = ":retry"
-
-
-def _key_base(key: str) -> str:
-    return key.split(RETRY_KEY_MARK, 1)[0]
-
-
-def _retried_runs(run: Run) -> list[Run]:
-    """The runs this one retries, newest first (its parent, the parent's parent, …)."""
-    lineage, parent_id = [], run.retry_of_id
-    while parent_id is not None:
-        parent = Run.objects.only("id", "retry_of_id").get(pk=parent_id)
-        lineage.append(parent)
-        parent_id = parent.retry_of_id
-    return lineage
 
 
 def _leading_reads(calls: list[ToolCall]) -> list[ToolCall]:
@@ -371,7 +336,7 @@ def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str 
     # The run's agent version's rules (or the tool's own policy) decide who approves: evaluated
     # here, by the run-time, on the validated arguments — nothing the model says counts — and the
     # agent's limits, as they stood when the call was created, may ask for more.
-    requirement = _with_limits(approval_requirement(version=run_agent_version(run), tool=tool, arguments=head.arguments),
+    requirement = with_limits(approval_requirement(version=run_agent_version(run), tool=tool, arguments=head.arguments),
                                head.guard, tool.name)
     if requirement.approval != ApprovalRequirement.NONE and not _approved(cp=cp, lease=lease, call=head,
                                                                           requirement=requirement):
@@ -499,7 +464,7 @@ def _approval_mismatch(*, approval: Approval, call: ToolCall) -> str:
     expected = tool_call_digest(call)
     recorded = [("the request", approval.digest)] + [
         (f"the approval by {d.decided_by.get_username()}", d.digest)
-        for d in approval.decisions.filter(decision="approve").select_related("decided_by")
+        for d in approval.decisions.filter(decision="approve", voided_at__isnull=True).select_related("decided_by")
     ]
     differing = [who for who, digest in recorded if digest and digest != expected]
     if not differing:

@@ -6,4 +6,5 @@ from config.errors import Refusal
 class RunRefusal(Refusal):
     RUN_TERMINAL = "run_terminal", 409  # nothing to cancel: the run ended
     NOT_RETRYABLE = "not_retryable", 409
+    NOT_FORKABLE = "not_forkable", 409
     BUDGET_OVER_CAP = "budget_over_cap", 422

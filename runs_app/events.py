@@ -16,6 +16,8 @@ class RunEventType(models.TextChoices):
     APPROVAL_DECIDED = "approval_decided"
     # One approval of a quorum that needs more: the request stays pending.
     APPROVAL_PROGRESS = "approval_progress"
+    # An operator changed a pending write's arguments before deciding (SPEC §18).
+    APPROVAL_EDITED = "approval_edited"
     APPROVAL_EXPIRED = "approval_expired"
     APPROVAL_WITHDRAWN = "approval_withdrawn"
     INPUT_REQUESTED = "input_requested"
@@ -27,6 +29,7 @@ class RunEventType(models.TextChoices):
     INPUT_APPLIED = "input_applied"
     CANCEL_REQUESTED = "cancel_requested"
     RUN_RETRIED = "run_retried"
+    RUN_FORKED = "run_forked"
 
 
 def event_payload_for_customer(event_type: str, payload: dict, *, customer_username: str) -> dict:
@@ -37,6 +40,9 @@ def event_payload_for_customer(event_type: str, payload: dict, *, customer_usern
                       RunEventType.APPROVAL_PROGRESS):
         if payload.get("note") and payload.get("decided_by") != customer_username:
             return {**payload, "note": ""}
+    elif event_type == RunEventType.APPROVAL_EDITED:
+        if payload.get("reason"):
+            return {**payload, "reason": ""}  # the operator's reason is for the desk and the audit trail
     elif event_type == RunEventType.TOOL_CALL:
         if payload.get("evidence"):
             return {**payload, "evidence": ""}

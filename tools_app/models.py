@@ -41,6 +41,9 @@ class ToolCall(models.Model):
     tool_call_id = models.CharField(max_length=128)  # the model's id; never used as a business key
     tool_name = models.CharField(max_length=100)
     arguments = models.JSONField(default=dict)
+    # What the model asked, when an operator changed the arguments before approving (SPEC §18);
+    # null otherwise. `arguments` is then what executes.
+    proposed_arguments = models.JSONField(null=True, blank=True)
     effect = models.CharField(max_length=8, choices=ToolEffect.choices)
     status = models.CharField(max_length=12, choices=ToolCallStatus.choices, default=ToolCallStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)

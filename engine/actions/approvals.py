@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from pydantic import ValidationError
 from django.utils import timezone
 from django.utils.timesince import timesince, timeuntil
 
@@ -22,13 +23,16 @@ from approvals_app.services import (
 from access import policy as access
 from config.errors import WardenError
 from engine.actions.runs import run_resume
+from engine.guards import write_recheck
+from agents.limits import TIER_ORDER
 from engine.state import approval_close, run_event_append, run_transition, tool_call_transition
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, code_text, decision_text
-from tools_app.services import tool_call_message
+from tools_app.registry import tool_get
+from tools_app.services import tool_call_digest, tool_call_event, tool_call_message
 
 
 def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token: int, required_approvals: int = 1,
@@ -84,7 +88,8 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         # Under the session's lock every decision on this approval takes its turn: what is
         # counted here is exact, so a quorum is reached once and executes once.
         if approval.required_approvals > 1 and approval.status == ApprovalStatus.PENDING:
-            if ApprovalDecision.objects.filter(approval_id=approval.pk, decided_by_id=acting_user.pk).exists():
+            if ApprovalDecision.objects.filter(approval_id=approval.pk, decided_by_id=acting_user.pk,
+                                               voided_at__isnull=True).exists():
                 raise WardenError(ApprovalRefusal.ALREADY_DECIDED, access.ALREADY_APPROVED)
             if Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).exists():
                 approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
@@ -111,6 +116,103 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         if to == ApprovalStatus.REJECTED:
             tool_call_close_for_decision(approval=approval)
         run_resume(run_id=approval.run_id, wait_reasons=[WaitReason.APPROVAL], event_payload={"approval": str(approval.id)})
+    return approval
+
+
+EDIT_REASON_CHARS = 2000
+
+
+def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_user, tool_name: str | None = None) -> Approval:
+    """An operator changes a pending write's arguments before it is decided (SPEC §18), saying
+    why. The edited call is validated by the tool's schema and re-evaluated as if the model had
+    asked for it — its business or per-run key, the agent's limits, the agent's rules — and the
+    request goes to the stricter of its tier and the new one (never lower: an operator edited it).
+    Every approval so far is void (a quorum starts again), the request's digest is the edited
+    call's, and the call keeps what the model asked (`proposed_arguments`). Audited with both
+    versions; the run is told (`approval_edited`, and the call as it now stands). The run keeps
+    waiting: the edit is not a decision. The tool itself is never changed."""
+    reason = " ".join((reason or "").split())
+    approval = Approval.objects.select_related("run__session", "tool_call").get(pk=approval.pk)
+    call = approval.tool_call
+    if tool_name is not None and tool_name != call.tool_name:
+        raise WardenError(ApprovalRefusal.TOOL_CHANGE_REFUSED,
+                          f"An edit may change the arguments of this {call.tool_name} call, not the tool ({tool_name!r}). "
+                          "Reject it instead, and say what the customer should ask for.")
+    refusal = access.why_not_an_editor(user=acting_user, approval=approval)
+    if refusal:
+        raise WardenError(ApprovalRefusal.NOT_PERMITTED, refusal)
+    if approval.status != ApprovalStatus.PENDING:
+        raise WardenError(ApprovalRefusal.ALREADY_DECIDED, f"Already {approval.status}: it can no longer be edited.")
+    if approval.expires_at <= timezone.now():
+        approval_expire(approval=approval)
+        raise WardenError(ApprovalRefusal.EXPIRED, f"This request expired at {_clock(approval.expires_at)}; "
+                                                   "it can no longer be edited.")
+    if not reason:
+        raise WardenError(ApprovalRefusal.INVALID_EDIT, "Say why you change the request: a reason is required.")
+    if len(reason) > EDIT_REASON_CHARS:
+        raise WardenError(ApprovalRefusal.INVALID_EDIT, f"The reason may hold at most {EDIT_REASON_CHARS} characters.")
+    tool = tool_get(call.tool_name)
+    if tool is None:
+        raise WardenError(ApprovalRefusal.INVALID_EDIT, f"The tool {call.tool_name} is not installed here; "
+                                                        "its calls cannot be edited.")
+    if not isinstance(arguments, dict):
+        raise WardenError(ApprovalRefusal.INVALID_EDIT, "The arguments must be an object of the tool's fields.")
+    try:
+        validated = tool.arguments.model_validate(arguments)
+    except ValidationError as error:
+        raise WardenError(ApprovalRefusal.INVALID_EDIT, "The arguments do not fit the tool's schema: " + "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'arguments'}: {problem['msg']}"
+            for problem in error.errors(include_url=False))) from None
+    edited = validated.model_dump(mode="json", exclude_unset=True)
+    if edited == call.arguments:
+        raise WardenError(ApprovalRefusal.INVALID_EDIT, "Nothing changed: these are the arguments the call has.")
+    with transaction.atomic():
+        session_lock(session_id=approval.run.session_id)  # before the run's row: see session_lock
+        if not Approval.objects.select_for_update().filter(pk=approval.pk, status=ApprovalStatus.PENDING).exists():
+            current = Approval.objects.get(pk=approval.pk)
+            raise WardenError(ApprovalRefusal.ALREADY_DECIDED, f"Already {current.status}: it can no longer be edited.")
+        call = ToolCall.objects.select_for_update().get(pk=call.pk)
+        before = {"arguments": call.arguments, "idempotency_key": call.idempotency_key, "policy": approval.policy,
+                  "required_approvals": approval.required_approvals,
+                  "approved_by": approval_approvers(approval=approval)}
+        recheck = write_recheck(run=approval.run, call=call, tool=tool, arguments=edited, validated=validated)
+        if recheck.refused:
+            raise WardenError(ApprovalRefusal.INVALID_EDIT, f"Not changed: the edited call would be {recheck.refused}.")
+        needed = recheck.requirement
+        tier_now, tier_needed = ((TIER_ORDER[approval.policy], approval.required_approvals),
+                                 (TIER_ORDER[needed.approval], needed.approvers))
+        if tier_needed > tier_now:
+            approval.policy, approval.required_approvals = needed.approval, needed.approvers
+        approval.rule, approval.rule_reason = needed.rule[:300], needed.reason[:500]
+        if tier_needed < tier_now:
+            approval.rule_reason = (f"{needed.reason}; it keeps the tier it was asked at, since an operator "
+                                    "edited it")[:500]
+        if call.proposed_arguments is None:
+            call.proposed_arguments = call.arguments  # what the model asked, kept once
+        call.arguments, call.guard = edited, recheck.guard
+        call.business_key, call.idempotency_key = recheck.business_key, recheck.idempotency_key
+        ToolCall.objects.filter(pk=call.pk).update(
+            arguments=call.arguments, proposed_arguments=call.proposed_arguments, guard=call.guard,
+            business_key=call.business_key, idempotency_key=call.idempotency_key)
+        voided = ApprovalDecision.objects.filter(approval_id=approval.pk, voided_at__isnull=True).update(
+            voided_at=timezone.now())
+        approval.tool_call = call
+        approval.digest = tool_call_digest(call)
+        Approval.objects.filter(pk=approval.pk).update(policy=approval.policy, required_approvals=approval.required_approvals,
+                                                       rule=approval.rule, rule_reason=approval.rule_reason,
+                                                       digest=approval.digest)
+        after = {"arguments": call.arguments, "idempotency_key": call.idempotency_key, "policy": approval.policy,
+                 "required_approvals": approval.required_approvals, "approved_by": []}
+        audit_record(actor=acting_user, action="edit", obj=approval, run_id=approval.run_id, before=before, after=after,
+                     note=reason)
+        run_event_append(run_id=approval.run_id, events=[
+            tool_call_event(call),
+            (RunEventType.APPROVAL_EDITED, {
+                **approval_event_payload(approval), "edited_by": acting_user.get_username(), "reason": reason,
+                "arguments_before": before["arguments"], "arguments": call.arguments,
+                "approvals_voided": before["approved_by"] if voided else [],
+            }),
+        ])
     return approval
 
 

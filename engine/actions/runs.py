@@ -23,7 +23,7 @@ from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
 from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps
 from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
-from sessions_app.services import messages_append, session_lock
+from sessions_app.services import messages_append, session_create, session_lock
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.selectors import applied_effects, writes_in_doubt
 from tools_app.services import tool_call_message
@@ -92,6 +92,51 @@ def run_retry(*, run: Run, acting_user, budgets: dict | None = None, reason: str
                      after={"retry": str(retry.id)}, note=reason)
         run_enqueue(retry.id)
     return retry
+
+
+def run_fork(*, run: Run, acting_user, reason: str = "") -> Run:
+    """Run an ended run's conversation again from the input that started it, as a new run in a new
+    session of the same customer (SPEC §18): the session gets the history before that input and the
+    input itself, and the run its agent version, provider and budgets. It starts afresh — nothing of
+    the old run's steps is reused — except what the deployment knows: a write with a business key the
+    old run (or anyone) asked for is answered with that call's outcome, never made again; a write
+    without one is the fork's own. The fork links to the old run, both runs say so, and it is
+    audited, naming who forked it and why."""
+    with transaction.atomic():
+        session_lock(session_id=run.session_id)
+        run = run_row_lock(run_id=run.pk)
+        if not run.is_terminal:
+            raise WardenError(RunRefusal.NOT_FORKABLE, f"Only an ended run can be forked; this one is {run.status}.")
+        origin = _input_of(run)
+        if origin is None:
+            raise WardenError(RunRefusal.NOT_FORKABLE, "This run has no message of the customer's to start a fork from.")
+        source = Session.objects.select_related("owner", "agent").get(pk=run.session_id)
+        session = session_create(owner=source.owner, title=f"{source.title or 'Session'} (fork)"[:200], agent=source.agent)
+        fork = run_create(session=session, created_by=acting_user, provider=run.provider, provider_options=run.provider_options,
+                          budgets={"max_model_calls": run.max_model_calls, "max_tokens": run.max_tokens},
+                          agent_version=run.agent_version, budgets_set_by=run.budgets_set_by, forked_from=run)
+        history = Message.objects.filter(session_id=source.pk, seq__lt=origin.seq).order_by("seq")
+        messages_append(session_id=session.pk, messages=[
+            Message(role=m.role, content=m.content, tool_calls=m.tool_calls, tool_call_id=m.tool_call_id,
+                    tool_name=m.tool_name) for m in history
+        ] + [Message(role=MessageRole.USER, content=origin.content, run=fork)])
+        by = getattr(acting_user, "username", None)
+        run_event_append(run_id=run.id, events=[(RunEventType.RUN_FORKED, {"fork": str(fork.id), "session": str(session.pk),
+                                                                           "by": by})])
+        run_event_append(run_id=fork.id, events=[(RunEventType.RUN_FORKED, {"fork_of": str(run.id), "by": by})])
+        audit_record(actor=acting_user, action="fork", obj=run, run_id=run.id, before={"status": run.status},
+                     after={"fork": str(fork.id), "session": str(session.pk)}, note=reason)
+        run_enqueue(fork.id)
+    return fork
+
+
+def _input_of(run: Run) -> Message | None:
+    """The customer's message that started `run` — or the run it retries, and so on back."""
+    ids, current = [run.pk], run
+    while current.retry_of_id is not None:
+        current = Run.objects.only("id", "retry_of_id").get(pk=current.retry_of_id)
+        ids.append(current.pk)
+    return Message.objects.filter(run_id__in=ids, role=MessageRole.USER).order_by("seq").first()
 
 
 def run_resume(*, run_id, wait_reasons: Iterable[str], event_payload: dict | None = None) -> bool:

@@ -339,6 +339,7 @@ def run_create(
     budgets_set_by=None,
     agent_version=None,
     retry_of=None,
+    forked_from=None,
 ) -> Run:
     """A queued run for `session`, with its first event. The caller owns the transaction and
     enqueues after commit. The database's partial unique index refuses a second active run in the
@@ -367,6 +368,7 @@ def run_create(
         budgets_set_by=budgets_set_by,
         agent_version=agent_version,
         retry_of=retry_of,
+        forked_from=forked_from,
     )
     written = _run_update(run_id=run.id, events=[run_status_event(status=RunStatus.QUEUED, phase=RunPhase.WAITING_WORKER)])
     run.event_seq, run.snapshot_version = written.event_seq, written.snapshot_version

@@ -1,7 +1,8 @@
 """A business key is a fact of the deployment (SPEC §18), through real worker processes and the real
 HTTP API, with the test suite's own tool package (tests/support/example_tools/ledger.py, whose
 credit's key is "credit:<account>:<reference>"): the same credit asked for by a second message of
-the session, by another customer's session and by a retried run books once at the ledger; each
+the session, by a fork of its run, by another customer's session and by a retried run books once at
+the ledger; each
 later run completes, its call answered with the first one's outcome and linked to it."""
 
 import pytest
@@ -80,6 +81,22 @@ def test_one_settlement_books_once_whichever_run_session_or_retry_asks_again(pro
     # The model was told it was already done, with the first booking's result.
     told = Message.objects.get(run_id=second, role=MessageRole.TOOL, tool_name="ledger_credit")
     assert '"already_done": true' in told.content and '"reference": "SET-2"' in told.content
+    assert len(ledger_bookings()) == 1
+
+    # The first run forked: a new session of globex's, from the message that started it, whose run
+    # asks for SET-2 again — answered from the first run's booking, not booked.
+    forked = globex_api.post(f"/runs/{first}/fork", {"reason": "replay the settlement"})
+    assert forked.status_code == 201, forked.text
+    fork, fork_session = forked.json()["id"], forked.json()["session_id"]
+    assert fork_session != session
+    assert [(m.role, m.content) for m in Message.objects.filter(session_id=fork_session).order_by("seq")][0] == (
+        MessageRole.USER, "Settle SET-2 for globex: 8.00")
+    wait_for_run(fork, RunStatus.COMPLETED)
+    answered = _credit_of(globex_api, fork)
+    assert (answered["error_code"], answered["reused_from"], answered["reused_from_run"]) == (
+        ALREADY_DONE, original["id"], first)
+    assert globex_api.get(f"/runs/{fork}").json()["forked_from"] == first
+    assert globex_api.get(f"/runs/{first}").json()["forks"] == [fork]
     assert len(ledger_bookings()) == 1
 
     # Another customer's session asks for the same settlement: answered, not booked; that

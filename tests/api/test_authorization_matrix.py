@@ -39,11 +39,13 @@ OBJECT_ENDPOINTS = {
     ("GET", "/runs/{run_id}/events/stream"): ["run"],  # a live run's stream would wait for events
     ("POST", "/runs/{run_id}/cancel"): RUNS,
     ("POST", "/runs/{run_id}/retry"): RUNS,
+    ("POST", "/runs/{run_id}/fork"): RUNS,
     ("GET", "/tool-calls/{tool_call_id}"): CALLS,
     ("POST", "/tool-calls/{tool_call_id}/resolve"): CALLS,
     ("POST", "/tool-calls/{tool_call_id}/reconcile"): CALLS,
     ("GET", "/approvals/{approval_id}"): APPROVALS,
     ("POST", "/approvals/{approval_id}/decision"): APPROVALS,
+    ("POST", "/approvals/{approval_id}/edit"): APPROVALS,
 }
 # Collection endpoints: what they list must be exactly what the caller may see.
 LIST_ENDPOINTS = {
@@ -64,6 +66,8 @@ BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
     "/runs/{run_id}/cancel": {"reason": "customer changed their mind"},
     "/runs/{run_id}/retry": {"reason": "try again"},
+    "/runs/{run_id}/fork": {"reason": "replay it"},
+    "/approvals/{approval_id}/edit": {"arguments": {"order_id": "9527", "amount": "8.00"}, "reason": "agreed 8.00"},
     "/tool-calls/{tool_call_id}/resolve": {"applied": True, "evidence": "ledger entry L-1"},
     "/tool-calls/{tool_call_id}/reconcile": None,
     "/approvals/{approval_id}/decision": {"decision": "approve", "note": "checked"},
@@ -166,6 +170,11 @@ def expected_status(*, method: str, path: str, kind: str, caller: str, obj) -> i
         return 409 if obj.status in TERMINAL_STATUSES else 202
     if path.endswith("/retry"):
         return 409  # none of the world's runs failed or was cancelled
+    if path.endswith("/fork"):
+        return 201 if obj.status in TERMINAL_STATUSES else 409
+    if path.endswith("/edit"):
+        # An operator's request, edited by an operator; a customer's confirmation is never edited.
+        return 200 if kind == "operator_approval" and not owner else 403
     if path.startswith("/tool-calls"):
         if owner:
             return 403  # seeing your own call is not the power to reconcile it

@@ -435,6 +435,9 @@
     role(card, "result-box").hidden = !result;
     // Plain words only (the event's `message`); codes and details are the desk's.
     role(card, "message").textContent = p.message || "";
+    // An operator changed the request before approving it: the customer sees what it is for now.
+    role(card, "edited").textContent = p.edited || "";
+    role(card, "edited").hidden = !p.edited;
   }
 
   function buildToolCard(p) {
@@ -457,6 +460,9 @@
     head.append(badge, attempts);
     var message = make("p", "tool-message");
     message.dataset.role = "message";
+    var edited = make("p", "tool-edited");
+    edited.dataset.role = "edited";
+    edited.hidden = true;
     var details = make("details", "tool-details");
     details.appendChild(make("summary", null, "Details"));
     var args = make("p", "arguments", "Arguments ");
@@ -473,7 +479,7 @@
     details.append(args, resultBox);
     var approvals = make("div", "card-approvals");
     approvals.dataset.role = "card-approvals";
-    card.append(head, message, details, approvals);
+    card.append(head, message, edited, details, approvals);
     return card;
   }
 
