@@ -16,7 +16,9 @@ from being staff:
   agents.change_agent             define agents and give them new versions (admin and API)
 
 Four eyes (WARDEN_FOUR_EYES, on by default) applies to every human decision an operator makes:
-nobody approves, or records the outcome of, a write requested in their own session.
+nobody approves, or records the outcome of, a write they are a party to (SPEC §18) — one requested
+in their own session, or in a run they started, retried or forked (or that retries or forks one of
+theirs), or whose request they edited.
 
 Inactive and anonymous users may do nothing. The admin is the operators' desk: Django admits
 only active staff to it, and inside it asks this module like every other surface.
@@ -26,7 +28,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.db.models.lookups import Exact
 
-from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry
 from runs_app.models import Run, RunStatus
 from runs_app.selectors import run_session_owner
 from sessions_app.models import Session
@@ -184,11 +186,43 @@ def decidable_approvals(*, user) -> Q:
         operator = Q(policy=ApprovalPolicy.OPERATOR)
         quorum = Q(required_approvals__gt=1)
         # Never a quorum in one's own session, nor one the caller already approved.
-        operator &= ~mine if settings.WARDEN_FOUR_EYES else ~(quorum & mine)
+        parties = mine | Q(run_id__in=_runs_caused_by(user)) | Q(pk__in=list(AuditEntry.objects.filter(
+            action="edit", object_type="approval", actor_id=user.pk).values_list("object_id", flat=True)))
+        operator &= ~parties if settings.WARDEN_FOUR_EYES else ~(quorum & parties)
         operator &= ~(quorum & Q(pk__in=ApprovalDecision.objects.filter(decided_by_id=user.pk, voided_at__isnull=True)
                                      .values("approval_id")))
         decidable |= operator
     return Q(status=ApprovalStatus.PENDING) & decidable
+
+
+def party_to(*, user, run: Run, approval: Approval | None = None, editors: bool = True) -> str:
+    """How `user` caused a write of `run` (SPEC §18), in words for the desk ("you retried this run");
+    "" when they did not. The parties are whoever started the run, and whoever started each run it
+    retries or forks, back along the line; with `editors`, whoever edited `approval`'s request. (The
+    session's owner is the caller's own check.)"""
+    current = run
+    while current is not None:
+        if current.created_by_id == user.pk:
+            verb = "retried" if current.retry_of_id else "forked" if current.forked_from_id else "started"
+            return f"you {verb} {'this run' if current.pk == run.pk else 'a run this one continues'}"
+        parent_id = current.retry_of_id or current.forked_from_id
+        current = Run.objects.only("id", "created_by_id", "retry_of_id", "forked_from_id").get(pk=parent_id) if parent_id else None
+    if editors and approval is not None and AuditEntry.objects.filter(
+            action="edit", object_type="approval", object_id=str(approval.pk), actor_id=user.pk).exists():
+        return "you edited this request"
+    return ""
+
+
+def _runs_caused_by(user) -> set:
+    """The runs `user` is a party to through starting one (query form of `party_to`): the runs they
+    started in other people's sessions, and every run that retries or forks one of those."""
+    caused = set(Run.objects.filter(created_by_id=user.pk).exclude(session__owner_id=user.pk).values_list("id", flat=True))
+    frontier = caused
+    while frontier:
+        frontier = set(Run.objects.filter(Q(retry_of_id__in=frontier) | Q(forked_from_id__in=frontier))
+                       .values_list("id", flat=True)) - caused
+        caused |= frontier
+    return caused
 
 
 def why_not_a_decider(*, user, approval: Approval) -> str:
@@ -201,15 +235,19 @@ def why_not_a_decider(*, user, approval: Approval) -> str:
         return "" if user.pk == owner_id else "Only the customer whose session this is can confirm it."
     if not user.has_perm(DECIDE_OPERATOR_APPROVALS):
         return "Deciding needs the approvals_app.decide_approval permission."
-    # A quorum is of people other than the session's owner, whatever WARDEN_FOUR_EYES says.
-    if (settings.WARDEN_FOUR_EYES or approval.required_approvals > 1) and user.pk == owner_id:
-        return "Four eyes: you may not decide a request raised in your own session."
+    # A quorum is of people other than the write's parties, whatever WARDEN_FOUR_EYES says.
+    if settings.WARDEN_FOUR_EYES or approval.required_approvals > 1:
+        if user.pk == owner_id:
+            return "Four eyes: you may not decide a request raised in your own session."
+        if how := party_to(user=user, run=approval.run, approval=approval):
+            return f"Four eyes: {how}, so you are a party to this write and may not decide it."
     if has_approved(user=user, approval=approval):
         return ALREADY_APPROVED
     return ""
 
 
 ALREADY_APPROVED = "You have already approved this request; it needs another operator's approval."
+EDITOR_REFUSAL = "Four eyes: you edited this request, so you are a party to this write and may not decide it."
 
 
 def has_approved(*, user, approval: Approval) -> bool:
@@ -226,7 +264,8 @@ def why_not_an_editor(*, user, approval: Approval) -> str:
     if approval.policy == ApprovalPolicy.USER:
         return "A customer's confirmation cannot be edited: the customer confirms or declines what was asked."
     refusal = why_not_a_decider(user=user, approval=approval)
-    return "" if refusal == ALREADY_APPROVED else refusal
+    # Who edited it may edit it again (and still may not decide it); having approved does not bar an edit.
+    return "" if refusal in (ALREADY_APPROVED, EDITOR_REFUSAL) else refusal
 
 
 def can_edit_approval(*, user, approval: Approval) -> bool:
@@ -283,6 +322,10 @@ def why_not_a_reconciler(*, user, tool_call: ToolCall) -> str:
         return "Reconciling needs the tools_app.reconcile_toolcall permission."
     if settings.WARDEN_FOUR_EYES and user.pk == tool_call.run.session.owner_id:
         return "Four eyes: you may not reconcile a tool call made in your own session."
+    if settings.WARDEN_FOUR_EYES:
+        approval = Approval.objects.filter(tool_call_id=tool_call.pk).first()
+        if how := party_to(user=user, run=tool_call.run, approval=approval):
+            return f"Four eyes: {how}, so you are a party to this write and may not record its outcome."
     return ""
 
 

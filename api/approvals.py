@@ -156,11 +156,12 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     winner. Approval resumes the run; rejection cancels the tool call and tells the model so, in
     plain words and with `customer_message` — never the `note`."""
     approval = _visible_approval(request, approval_id)
-    if access.why_not_a_decider(user=request.auth, approval=approval):
+    if refusal := access.why_not_a_decider(user=request.auth, approval=approval):
         if access.has_approved(user=request.auth, approval=approval):
             # The caller's own approval of this quorum is in (perhaps from a request a moment ago): a conflict.
             raise WardenError(ApprovalRefusal.ALREADY_DECIDED, access.ALREADY_APPROVED)
-        raise WardenError(CommonRefusal.NOT_PERMITTED, "You may not decide this approval.")
+        # Why, in words (no permission, four eyes and how the caller is a party): nothing about the object.
+        raise WardenError(CommonRefusal.NOT_PERMITTED, f"You may not decide this approval. {refusal}")
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # The sweeper has not closed it yet, but its time is up: no decision can count now.
         raise WardenError(ApprovalRefusal.EXPIRED, "This approval request has expired.")

@@ -167,8 +167,7 @@ class Run(models.Model):
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries")
     # An ended run forked as this new run, in a new session of the same customer, from the input
     # that started it (SPEC §18): its business keys answer the fork's requests, never book twice.
-    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks",
-                                    db_index=False)
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks")
     # Who chose this run's budgets (in their request); null: the deployment's defaults. Requests
     # are capped (settings.WARDEN_*_CAP) unless the requester may exceed the caps.
     budgets_set_by = models.ForeignKey(

@@ -1,8 +1,9 @@
 """Edit on approve (SPEC §18), through real worker processes and the real HTTP API, with the test
 suite's own tool package (the ledger's credit, in EUR): an operator lowers a credit from 120.00 to
-100.00 and approves — 100.00 is booked once, and the model, the customer and the audit trail see
-what happened; raising it across a tier boundary needs the higher tier's quorum, and an edit voids
-the approvals given before it; changing the tool, arguments the tool's schema refuses, an edit
+100.00 and another approves — 100.00 is booked once, and the model, the customer and the audit trail
+see what happened; who edited a request is a party to it and may not decide it (four eyes); raising
+it across a tier boundary needs the higher tier's quorum, and an edit voids the approvals given
+before it; changing the tool, arguments the tool's schema refuses, an edit
 without a reason, an edit by the customer or over a limit that refuses are refused, changing
 nothing."""
 
@@ -42,7 +43,7 @@ def edit_world(procs, tmp_path, monkeypatch):
     agent["approval_rules"] = TIERED
     assert HttpApi(procs.base_url, admin).post("/agents", agent).status_code == 201
     operators = [grant(UserFactory(username=name, is_staff=True), ("approvals_app", "decide_approval"))
-                 for name in ("op-ana", "op-ben")]
+                 for name in ("op-ana", "op-ben", "op-cid", "op-dan")]
     customer = UserFactory(username="edit-customer")
     return procs, [HttpApi(procs.base_url, op) for op in operators], HttpApi(procs.base_url, customer)
 
@@ -59,7 +60,7 @@ def _edit(api: HttpApi, approval: Approval, arguments: dict, reason: str = "agre
 
 
 def test_an_operator_lowers_a_credit_and_approves_it_books_the_edited_amount_once(edit_world):
-    procs, (ana, _), customer = edit_world
+    procs, (ana, ben, _, _), customer = edit_world
     run, approval = _waiting_credit(procs, customer, "E-1")
     asked = {"account": "acme", "amount": "120.00", "reference": "E-1"}
     assert ToolCall.objects.get(pk=approval.tool_call_id).arguments == asked
@@ -74,7 +75,10 @@ def test_an_operator_lowers_a_credit_and_approves_it_books_the_edited_amount_onc
     assert ledger_bookings() == []  # an edit is not a decision: the run still waits
     wait_for_run(run, RunStatus.WAITING, WaitReason.APPROVAL)
 
-    assert ana.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
+    # Four eyes: who edited it is a party to the write; another operator decides.
+    own = ana.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"})
+    assert own.status_code == 403 and "you edited this request" in own.json()["message"], own.text
+    assert ben.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
     wait_for_run(run, RunStatus.COMPLETED)
     (booking,) = ledger_bookings()
     assert booking["amount"] == "100.00" and booking["reference"] == "E-1"
@@ -101,35 +105,38 @@ def test_an_operator_lowers_a_credit_and_approves_it_books_the_edited_amount_onc
 
 
 def test_raising_a_credit_across_a_tier_needs_the_quorum_and_an_edit_voids_earlier_approvals(edit_world):
-    procs, (ana, ben), customer = edit_world
+    procs, (ana, ben, cid, dan), customer = edit_world
     run, approval = _waiting_credit(procs, customer, "E-2")
 
     raised = _edit(ana, approval, {"account": "acme", "amount": "200.00", "reference": "E-2"}, reason="two invoices")
     assert raised.status_code == 200, raised.text
     assert raised.json()["required_approvals"] == 2 and raised.json()["rule"].startswith("ledger_credit[1]")
-    assert ana.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
+    assert ben.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
     assert Approval.objects.get(pk=approval.pk).status == ApprovalStatus.PENDING  # one of two
 
-    # Ben changes it again: Ana's approval was of 200.00 and counts no more.
-    again = _edit(ben, approval, {"account": "acme", "amount": "180.00", "reference": "E-2"}, reason="one invoice was paid")
+    # Cid changes it again: Ben's approval was of 200.00 and counts no more.
+    again = _edit(cid, approval, {"account": "acme", "amount": "180.00", "reference": "E-2"}, reason="one invoice was paid")
     assert again.status_code == 200, again.text
     assert again.json()["approved_by"] == [] and again.json()["approvals_missing"] == 2
-    assert ApprovalDecision.objects.get(approval=approval, decided_by__username="op-ana").voided_at is not None
+    assert ApprovalDecision.objects.get(approval=approval, decided_by__username="op-ben").voided_at is not None
     assert ben.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
     assert ledger_bookings() == []
     wait_for_run(run, RunStatus.WAITING, WaitReason.APPROVAL)
-    assert ana.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
+    # Both editors are parties to the write: neither completes the quorum.
+    for editor in (ana, cid):
+        assert editor.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 403
+    assert dan.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
     wait_for_run(run, RunStatus.COMPLETED)
     (booking,) = ledger_bookings()
     assert booking["amount"] == "180.00"
     trail = AuditEntry.objects.filter(object_id=str(approval.pk)).order_by("id")
     assert [(e.action, e.actor.username) for e in trail] == [
-        ("edit", "op-ana"), ("approve", "op-ana"), ("edit", "op-ben"), ("approve", "op-ben"), ("approve", "op-ana")]
-    assert trail[2].before["approved_by"] == ["op-ana"] and trail[2].after["approved_by"] == []
+        ("edit", "op-ana"), ("approve", "op-ben"), ("edit", "op-cid"), ("approve", "op-ben"), ("approve", "op-dan")]
+    assert trail[2].before["approved_by"] == ["op-ben"] and trail[2].after["approved_by"] == []
 
 
 def test_edits_the_run_time_refuses_change_nothing(edit_world):
-    procs, (ana, _), customer = edit_world
+    procs, (ana, *_), customer = edit_world
     run, approval = _waiting_credit(procs, customer, "E-3")
     call_before = ToolCall.objects.get(pk=approval.tool_call_id)
     same = {"account": "acme", "amount": "120.00", "reference": "E-3"}

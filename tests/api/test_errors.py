@@ -66,7 +66,7 @@ def test_every_body_of_the_api_refuses_json_that_is_not_an_object(alice_api):
             "{freeze_id}", "999999")
         assert method in ("post", "put") and "{" not in url, (method, path)
         send = alice_api.client.post if method == "post" else alice_api.client.put
-        for raw in NOT_OBJECTS[:-1] if path.endswith(("/cancel", "/retry", "/lift")) else NOT_OBJECTS:  # their bodies are optional
+        for raw in NOT_OBJECTS[:-1] if path.endswith(("/cancel", "/retry", "/fork", "/lift")) else NOT_OBJECTS:  # their bodies are optional
             response = send(url, raw, content_type="application/json", **alice_api.headers)
             body = assert_error(response, 422, "validation_error")
             assert BODY_IS_NOT_AN_OBJECT in body["fields"], (path, raw, body)

@@ -8,7 +8,7 @@ from approvals_app.models import AuditEntry
 from runs_app.models import Run, RunStatus
 from sessions_app.models import Message, MessageRole
 from tests.support.api import Api, build_world, grant
-from tests.support.factories import ApiKeyFactory, UserFactory
+from tests.support.factories import ApiKeyFactory, RunFactory, UserFactory
 from tools_app import registry
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 
@@ -162,3 +162,20 @@ def test_four_eyes_a_reconciler_may_not_settle_a_call_of_their_own_session(setti
     # Anyone else with the permission may; so may they once four eyes is switched off.
     settings.WARDEN_FOUR_EYES = False
     assert api.post(f"{call_url}/resolve", {"applied": False, "evidence": "ledger shows nothing"}).status_code == 200
+
+
+def test_who_retried_a_run_may_not_record_the_outcome_of_its_write(world):
+    """Four eyes counts whoever caused a write (SPEC §18): an operator who retried alice's run is a
+    party to its write in doubt, and may neither resolve nor reconcile it; nothing is recorded."""
+    retrier = grant(UserFactory(username="retrier", is_staff=True), ("tools_app", "reconcile_toolcall"),
+                    ("runs_app", "change_run"))
+    parent = RunFactory(session=world.unknown_run.session, status="cancelled", phase="", wait_reason="",
+                        finished_at=world.unknown_run.created_at)
+    Run.objects.filter(pk=world.unknown_run.pk).update(created_by=retrier, retry_of=parent)
+    api = Api(ApiKeyFactory(owner=retrier).secret)
+    for path, body in (("resolve", {"applied": True, "evidence": "ledger L-1"}), ("reconcile", None)):
+        response = api.post(f"/tool-calls/{world.unknown_call.pk}/{path}", body)
+        assert response.status_code == 403, response.content
+        assert "you retried this run" in response.json()["message"]
+    world.unknown_call.refresh_from_db()
+    assert world.unknown_call.status == "unknown" and world.unknown_call.resolved_by_id is None

@@ -1,8 +1,9 @@
 """Edit on approve at the desk (SPEC §18), in headless Chromium at 390×844 and 1280×800, with real
 workers and the test suite's own tool package (the ledger's credit, in EUR): on a phone the edit
 page fits and an amount the tool's schema refuses is refused with the field named, nothing changed;
-at the desk an operator lowers the credit from 120.00 to 100.00 with a reason and approves it; the
-ledger books 100.00 once and the customer's console says what was asked and what it is for."""
+at the desk an operator lowers the credit from 120.00 to 100.00 with a reason — and, a party to it
+now, is shown why they may not approve it — and another operator approves it; the ledger books 100.00
+once and the customer's console says what was asked and what it is for."""
 
 import pytest
 
@@ -27,6 +28,7 @@ def test_an_operator_lowers_a_credit_on_the_desk_approves_it_and_the_customer_se
     procs.start_sweeper()
     admin = grant(UserFactory(username="edit-desk-admin", is_staff=True), ("agents", "change_agent"))
     operator = grant(UserFactory(username="edit-desk-operator", is_staff=True), ("approvals_app", "decide_approval"))
+    approver = grant(UserFactory(username="edit-desk-approver", is_staff=True), ("approvals_app", "decide_approval"))
     assert HttpApi(procs.base_url, admin).post("/agents", credit_clerk(
         "desk-edit-clerk", turns=[{"calls": [credit(amount="120.00")]}, {"text": "Done."}])).status_code == 201
     customer_user = UserFactory(username="edit-desk-customer")
@@ -64,6 +66,12 @@ def test_an_operator_lowers_a_credit_on_the_desk_approves_it_and_the_customer_se
     assert "Changed: ledger_credit" in desk.inner_text("ul.messagelist")
     assert "100.00 EUR" in desk.inner_text("ul.messagelist")
     screenshot(desk, "desk-edit-saved", "desktop")
+    assert "you edited this request" in desk.inner_text("#barred-reason") and desk.locator("#approve-link").count() == 0
+    desk.context.close()
+
+    desk = browser_page(chromium, procs.base_url, "desktop")
+    login(desk, f"/admin/login/?next={change}", approver.username)
+    assert "the model asked: amount=120.00, account=acme" in desk.inner_text("#asked-arguments")
     desk.click("#approve-link")
     desk.click("#confirm-decision")
     desk.wait_for_selector("ul.messagelist")
