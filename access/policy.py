@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.db.models.lookups import Exact
 
-from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
 from runs_app.models import Run, RunStatus
 from runs_app.selectors import run_session_owner
 from sessions_app.models import Session
@@ -118,6 +118,17 @@ def visible_runs(*, user) -> QuerySet[Run]:
     return Run.objects.filter(Exact(run_session_owner(), user.pk))
 
 
+def visible_run_parts(*, user, parts: QuerySet) -> QuerySet:
+    """Rows that belong to a run (its steps, its events) as its run is visible — joined through the
+    run's session, since `visible_runs`' copied-owner column cannot be named inside a subquery (the
+    desk's step and event lists were 500s for staff without view_run; issue 27, finding 7)."""
+    if not is_active(user):
+        return parts.none()
+    if reads_any_run(user):
+        return parts
+    return parts.filter(run__session__owner_id=user.pk)
+
+
 def can_see_run(*, user, run: Run) -> bool:
     return _owns(user, run.session.owner_id) or reads_any_run(user)
 
@@ -186,8 +197,7 @@ def decidable_approvals(*, user) -> Q:
         operator = Q(policy=ApprovalPolicy.OPERATOR)
         quorum = Q(required_approvals__gt=1)
         # Never a quorum in one's own session, nor one the caller already approved.
-        parties = mine | Q(run_id__in=_runs_caused_by(user)) | Q(pk__in=list(AuditEntry.objects.filter(
-            action="edit", object_type="approval", actor_id=user.pk).values_list("object_id", flat=True)))
+        parties = mine | Q(run_id__in=_runs_caused_by(user)) | Q(editors__contains=[user.pk])
         operator &= ~parties if settings.WARDEN_FOUR_EYES else ~(quorum & parties)
         operator &= ~(quorum & Q(pk__in=ApprovalDecision.objects.filter(decided_by_id=user.pk, voided_at__isnull=True)
                                      .values("approval_id")))
@@ -207,8 +217,7 @@ def party_to(*, user, run: Run, approval: Approval | None = None, editors: bool 
             return f"you {verb} {'this run' if current.pk == run.pk else 'a run this one continues'}"
         parent_id = current.retry_of_id or current.forked_from_id
         current = Run.objects.only("id", "created_by_id", "retry_of_id", "forked_from_id").get(pk=parent_id) if parent_id else None
-    if editors and approval is not None and AuditEntry.objects.filter(
-            action="edit", object_type="approval", object_id=str(approval.pk), actor_id=user.pk).exists():
+    if editors and approval is not None and user.pk in approval.editors:
         return "you edited this request"
     return ""
 
@@ -323,7 +332,9 @@ def why_not_a_reconciler(*, user, tool_call: ToolCall) -> str:
     if settings.WARDEN_FOUR_EYES and user.pk == tool_call.run.session.owner_id:
         return "Four eyes: you may not reconcile a tool call made in your own session."
     if settings.WARDEN_FOUR_EYES:
-        approval = Approval.objects.filter(tool_call_id=tool_call.pk).first()
+        # Only an edited call has editors to ask its approval about (no query per row otherwise).
+        approval = (Approval.objects.filter(tool_call_id=tool_call.pk).first()
+                    if tool_call.proposed_arguments is not None else None)
         if how := party_to(user=user, run=tool_call.run, approval=approval):
             return f"Four eyes: {how}, so you are a party to this write and may not record its outcome."
     return ""

@@ -17,6 +17,7 @@ from approvals_app.services import approval_approvers
 from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, StorableText, errors
 from engine.actions.approvals import EDIT_REASON_CHARS, approval_decide, approval_edit
 from access import policy as access
+from runs_app.events import OPERATOR_ROLE
 from tools_app.models import ToolCallStatus
 from tools_app.registry import tool_get
 
@@ -62,9 +63,10 @@ class ApprovalOut(Schema):
     rule_reason: str = Field(description="why that rule applied to these arguments")
 
     @staticmethod
-    def resolve_approved_by(approval) -> list[str]:
-        return approval_approvers(approval=approval) if approval.required_approvals > 1 else (
+    def resolve_approved_by(approval, context) -> list[str]:
+        names = approval_approvers(approval=approval) if approval.required_approvals > 1 else (
             [approval.decided_by.get_username()] if approval.status == ApprovalStatus.APPROVED and approval.decided_by_id else [])
+        return _as_seen(names, approval, context)
 
     @staticmethod
     def resolve_approvals_missing(approval) -> int:
@@ -77,8 +79,8 @@ class ApprovalOut(Schema):
         return approval.run.session_id
 
     @staticmethod
-    def resolve_decided_by(approval) -> str | None:
-        return approval.decided_by.get_username() if approval.decided_by_id else None
+    def resolve_decided_by(approval, context) -> str | None:
+        return _as_seen([approval.decided_by.get_username()], approval, context)[0] if approval.decided_by_id else None
 
     @staticmethod
     def resolve_note(approval, context) -> str:
@@ -91,6 +93,15 @@ class ApprovalOut(Schema):
     def resolve_can_decide(approval, context) -> bool:
         user = context["request"].auth
         return access.can_decide_approval(user=user, approval=approval)
+
+
+def _as_seen(names: list[str], approval, context) -> list[str]:
+    """Usernames as the caller may see them: the session's customer reads "operator" for anyone
+    but themselves; whoever reads the desk's notes reads the names."""
+    user = context["request"].auth
+    if access.reads_desk_notes(user=user, session_owner_id=approval.run.session.owner_id):
+        return names
+    return [name if name == user.get_username() else OPERATOR_ROLE for name in names]
 
 
 class ApprovalPage(Schema):

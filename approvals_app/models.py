@@ -1,6 +1,7 @@
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
@@ -45,6 +46,9 @@ class Approval(models.Model):
     digest = models.CharField(max_length=64, blank=True)
     rule = models.CharField(max_length=300, blank=True)
     rule_reason = models.CharField(max_length=500, blank=True)
+    # Who edited the request's arguments before it was decided (engine.actions.approvals.approval_edit):
+    # parties to the write, who may not decide it (SPEC §18). User ids, in order.
+    editors = ArrayField(models.IntegerField(), default=list, blank=True)
 
     class Meta:
         ordering = ["requested_at"]

@@ -270,10 +270,7 @@ class _PartOfRunAdmin(PolicyScopedAdmin):
     """Steps and events are seen with their run."""
 
     def visible(self, user):
-        runs = access.visible_runs(user=user)
-        if not runs.query.has_filters():
-            return self.model.objects.all()
-        return self.model.objects.filter(run__in=runs)
+        return access.visible_run_parts(user=user, parts=self.model.objects.all())
 
 
 @admin.register(Step)

@@ -32,10 +32,26 @@ class RunEventType(models.TextChoices):
     RUN_FORKED = "run_forked"
 
 
+# What the session's customer reads in place of another person's username (issue 27, finding 8).
+OPERATOR_ROLE = "operator"
+_PERSON_FIELDS = ("decided_by", "approver", "edited_by", "by")
+_PEOPLE_FIELDS = ("approved_by", "approvals_voided")
+
+
 def event_payload_for_customer(event_type: str, payload: dict, *, customer_username: str) -> dict:
     """The payload as the session's customer sees it (access.policy.reads_desk_notes): an
     operator's note on a decision, reconciliation evidence and an operator's cancel reason
-    become `""` — the field stays, so the shape is the documented one."""
+    become `""`, and anyone's username but the customer's own becomes `"operator"` — the fields
+    stay, so the shape is the documented one."""
+    payload = _without_notes(event_type, payload, customer_username=customer_username)
+    names = {field: OPERATOR_ROLE for field in _PERSON_FIELDS
+             if isinstance(payload.get(field), str) and payload[field] != customer_username}
+    names |= {field: [name if name == customer_username else OPERATOR_ROLE for name in payload[field]]
+              for field in _PEOPLE_FIELDS if isinstance(payload.get(field), list)}
+    return {**payload, **names} if names else payload
+
+
+def _without_notes(event_type: str, payload: dict, *, customer_username: str) -> dict:
     if event_type in (RunEventType.APPROVAL_DECIDED, RunEventType.APPROVAL_EXPIRED, RunEventType.APPROVAL_WITHDRAWN,
                       RunEventType.APPROVAL_PROGRESS):
         if payload.get("note") and payload.get("decided_by") != customer_username:

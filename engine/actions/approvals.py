@@ -168,7 +168,12 @@ def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_us
         raise WardenError(ApprovalRefusal.INVALID_EDIT, "Nothing changed: these are the arguments the call has.")
     with transaction.atomic():
         session_lock(session_id=approval.run.session_id)  # before the run's row: see session_lock
-        if not Approval.objects.select_for_update().filter(pk=approval.pk, status=ApprovalStatus.PENDING).exists():
+        locked = (Approval.objects.select_for_update().filter(pk=approval.pk, status=ApprovalStatus.PENDING)
+                  .values_list("policy", "required_approvals", "rule", "rule_reason", "editors").first())
+        if locked is not None:
+            # As it stands under the lock: an edit a moment ago may have changed it.
+            approval.policy, approval.required_approvals, approval.rule, approval.rule_reason, approval.editors = locked
+        else:
             current = Approval.objects.get(pk=approval.pk)
             raise WardenError(ApprovalRefusal.ALREADY_DECIDED, f"Already {current.status}: it can no longer be edited.")
         call = ToolCall.objects.select_for_update().get(pk=call.pk)
@@ -198,9 +203,11 @@ def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_us
             voided_at=timezone.now())
         approval.tool_call = call
         approval.digest = tool_call_digest(call)
+        if acting_user.pk not in approval.editors:
+            approval.editors = [*approval.editors, acting_user.pk]  # a party to the write from now on
         Approval.objects.filter(pk=approval.pk).update(policy=approval.policy, required_approvals=approval.required_approvals,
                                                        rule=approval.rule, rule_reason=approval.rule_reason,
-                                                       digest=approval.digest)
+                                                       digest=approval.digest, editors=approval.editors)
         after = {"arguments": call.arguments, "idempotency_key": call.idempotency_key, "policy": approval.policy,
                  "required_approvals": approval.required_approvals, "approved_by": []}
         audit_record(actor=acting_user, action="edit", obj=approval, run_id=approval.run_id, before=before, after=after,

@@ -159,3 +159,24 @@ def test_a_message_for_the_customer_is_bounded(world, operator_api):
                                  {"decision": "reject", "note": "n", "customer_message": "x" * 301})
     assert response.status_code == 422
     assert Approval.objects.get(pk=world.operator_approval.pk).status == ApprovalStatus.PENDING
+
+
+def test_the_customer_reads_a_role_where_the_desk_reads_an_operators_name(world, alice_api):
+    """Issue 27, finding 8: an operator's username never reaches the session's customer — not in the
+    approval (`decided_by`, `approved_by`) nor in the run's events (`decided_by`, `approved_by`);
+    the operator who decided still reads it."""
+    oliver = grant(UserFactory(username="oliver-on-shift", is_staff=True), ("approvals_app", "decide_approval"),
+                   ("runs_app", "view_run"))
+    operator_api = Api(ApiKeyFactory(owner=oliver).secret)
+    approval = world.operator_approval
+    assert operator_api.post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
+    operator_name = Approval.objects.get(pk=approval.pk).decided_by.get_username()
+    seen = alice_api.get(f"/approvals/{approval.pk}").json()
+    assert (seen["decided_by"], seen["approved_by"]) == ("operator", ["operator"])
+    assert operator_api.get(f"/approvals/{approval.pk}").json()["decided_by"] == operator_name
+    events = alice_api.get(f"/runs/{approval.run_id}/events").json()["items"]
+    (decided,) = [e for e in events if e["type"] == "approval_decided"]
+    assert decided["payload"]["decided_by"] == "operator" and decided["payload"]["approved_by"] == ["operator"]
+    assert operator_name not in json.dumps(events)
+    desk_events = operator_api.get(f"/runs/{approval.run_id}/events").json()["items"]
+    assert [e for e in desk_events if e["type"] == "approval_decided"][0]["payload"]["decided_by"] == operator_name
