@@ -1,17 +1,15 @@
 """Agents over HTTP (docs/EXTENDING.md): list and read them; define one or save a new version
 (agents.change_agent), through engine.actions.agents.agent_save."""
 
-import json
 from datetime import datetime
-from typing import Annotated, Any
 
 from ninja import Field, Router, Schema, Status
-from pydantic import AfterValidator, ConfigDict
+from pydantic import ConfigDict
 
 from api.errors import not_found
 from access import policy as access
 from agents.selectors import agent_get, agent_list
-from api.base import BodyIn, COMMON_ERRORS, StorableText, errors
+from api.base import BodyIn, COMMON_ERRORS, ShownJSON, StorableJSON, StorableText, errors
 from engine.actions.agents import agent_save
 
 router = Router(tags=["agents"])
@@ -23,16 +21,16 @@ class AgentVersionOut(Schema):
     instructions: str
     provider: str
     model: str
-    provider_options: Any
+    provider_options: ShownJSON
     tools: list[str]
-    budgets: Any = Field(description="defaults of a run's budgets: max_model_calls, max_tokens, deadline_seconds")
-    budget_limits: Any = Field(description="the most a request may ask for (beside the deployment's caps)")
-    approval_rules: Any = Field(description='{"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", '
+    budgets: ShownJSON = Field(description="defaults of a run's budgets: max_model_calls, max_tokens, deadline_seconds")
+    budget_limits: ShownJSON = Field(description="the most a request may ask for (beside the deployment's caps)")
+    approval_rules: ShownJSON = Field(description='{"<write tool>": [{"when": "amount <= 20", "approval": "none|user|operator", '
                                             '"approvers": N}, …]}: first match wins')
     interjection_classifier: str
-    write_caps: Any = Field(description='{"per_turn": N, "per_run": N}: writes a model turn and a run may make '
+    write_caps: ShownJSON = Field(description='{"per_turn": N, "per_run": N}: writes a model turn and a run may make '
                                         '(the deployment\'s defaults for what is left out)')
-    limits: Any = Field(description='{"<write tool>": [{"window": "24h", "per": "customer|agent|<argument>", '
+    limits: ShownJSON = Field(description='{"<write tool>": [{"window": "24h", "per": "customer|agent|<argument>", '
                                     '"max_amount": "30.00", "max_count": N, "currency": "EUR", '
                                     '"over": "operator|user|refuse", "approvers": N}, …]}')
     created_by: str | None
@@ -58,13 +56,6 @@ class AgentOut(Schema):
         return list(agent.versions.order_by("-number").values_list("number", flat=True))
 
 
-def _storable_json(value: dict) -> dict:
-    # PostgreSQL's jsonb cannot hold \u0000: refused here (422), not by the database (500).
-    if "\\u0000" in json.dumps(value):
-        raise ValueError("must not contain NUL characters")
-    return value
-
-
 class AgentIn(BodyIn):
     """An agent's whole definition; saving it makes a new version (runs under way keep theirs)."""
 
@@ -76,14 +67,14 @@ class AgentIn(BodyIn):
     provider: StorableText | None = Field(None, max_length=32,
                                           description="a name in WARDEN_PROVIDERS; default WARDEN_MODEL_PROVIDER")
     model: StorableText = Field("", max_length=100)
-    provider_options: Annotated[dict, AfterValidator(_storable_json)] = Field(default_factory=dict)
+    provider_options: StorableJSON = Field(default_factory=dict)
     tools: list[str] = Field(default_factory=list, description="registered tool names (WARDEN_TOOL_MODULES)")
-    budgets: dict = Field(default_factory=dict)
-    budget_limits: dict = Field(default_factory=dict)
-    approval_rules: dict = Field(default_factory=dict)
+    budgets: StorableJSON = Field(default_factory=dict)
+    budget_limits: StorableJSON = Field(default_factory=dict)
+    approval_rules: StorableJSON = Field(default_factory=dict)
     interjection_classifier: str = Field("model", description="`model` or `keywords`")
-    write_caps: dict = Field(default_factory=dict)
-    limits: dict = Field(default_factory=dict)
+    write_caps: StorableJSON = Field(default_factory=dict)
+    limits: StorableJSON = Field(default_factory=dict)
 
 
 def _visible_agent(request, slug: str):

@@ -3,7 +3,7 @@ through `approval_decide` like the admin's buttons (SPEC §7)."""
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
@@ -14,7 +14,7 @@ from api.errors import not_found
 from approvals_app.models import ApprovalPolicy, ApprovalStatus
 from approvals_app.selectors import approval_get, approval_list
 from approvals_app.services import approval_approvers
-from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, StorableText, errors
+from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ShownJSON, StorableJSON, StorableText, errors
 from engine.actions.approvals import EDIT_REASON_CHARS, approval_decide, approval_edit
 from access import policy as access
 from runs_app.events import OPERATOR_ROLE
@@ -27,8 +27,8 @@ router = Router(tags=["approvals"])
 class ApprovalToolCallOut(Schema):
     id: uuid.UUID
     tool_name: str
-    arguments: Any = Field(description="what executes if approved")
-    proposed_arguments: Any = Field(None, description="what the model asked, when an operator edited the arguments; "
+    arguments: ShownJSON = Field(description="what executes if approved")
+    proposed_arguments: ShownJSON = Field(None, description="what the model asked, when an operator edited the arguments; "
                                                       "null otherwise")
     status: ToolCallStatus
     idempotency_key: str | None
@@ -118,7 +118,7 @@ class DecisionIn(BodyIn):
 
 
 class EditIn(BodyIn):
-    arguments: dict[str, Any] = Field(description="the call's arguments as they should execute, all of them; "
+    arguments: StorableJSON = Field(description="the call's arguments as they should execute, all of them; "
                                                   "validated by the tool's schema")
     reason: StorableText = Field(min_length=1, max_length=EDIT_REASON_CHARS,
                                  description="why: for the desk and the audit trail; the customer never sees it")

@@ -3,7 +3,7 @@ cannot crash the database, and keyset cursors. The API itself is assembled in ap
 
 import re
 from datetime import datetime, timezone
-from typing import Annotated
+from typing import Annotated, Any
 
 from django.conf import settings
 from ninja import Schema
@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from config.errors import WardenError
 from api.errors import ApiRefusal
-from config.storable import storable_text
+from config.storable import json_shown, storable_json, storable_text
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
 
 # PostgreSQL bigint: larger integers in a filter would be a database error, not an empty page.
@@ -56,6 +56,10 @@ class BodyIn(BaseModel):
 
 
 StorableText = Annotated[str, AfterValidator(storable_text)]
+# A JSON object from outside: at most JSON_MAX_DEPTH deep and JSON_MAX_CHARS long, no NUL (422 otherwise).
+StorableJSON = Annotated[dict[str, Any], AfterValidator(storable_json)]
+# A stored document as a read returns it: anything deeper than the limit replaced by a marker.
+ShownJSON = Annotated[Any, BeforeValidator(json_shown)]
 
 
 def _utc(value: datetime) -> datetime:

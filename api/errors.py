@@ -9,7 +9,7 @@ import math
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation
-from django.db import DataError, OperationalError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
@@ -97,15 +97,30 @@ def _throttled(exc: Throttled) -> WardenError:
                        headers={"Retry-After": str(retry_after)})
 
 
-def _operational(request, exc: OperationalError) -> WardenError | None:
-    """A write PostgreSQL rolled back because of a concurrent one (SQLSTATE class 40: a deadlock, a
-    serialization failure): the same request again is safe and usually succeeds. None: a bug."""
+def _operational(request, exc: OperationalError | InterfaceError) -> WardenError | None:
+    """A request the database did not finish, that the same request again will: a write PostgreSQL
+    rolled back because of a concurrent one (SQLSTATE class 40: a deadlock, a serialization
+    failure), or a connection lost or refused (class 08, a connection exception; class 57, an
+    operator's intervention such as pg_terminate_backend or a shutdown; no SQLSTATE at all: the
+    socket closed under psycopg) — nothing half-written, since the transaction went with it
+    (issue 27, finding 6). None: a bug."""
     sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
-    if not sqlstate.startswith("40"):
+    if sqlstate.startswith("40"):
+        why = "A concurrent change made the database roll this one back; retry it shortly."
+    elif sqlstate.startswith(("08", "57")) or isinstance(exc, InterfaceError) or (not sqlstate and _connection_lost(exc)):
+        why = "The connection to the database was lost; nothing was saved. Retry it shortly."
+    else:
         return None
-    logger.warning("database rolled back %s %s (SQLSTATE %s): answered 503", request.method, request.path, sqlstate)
-    return WardenError(CommonRefusal.TRY_AGAIN, "A concurrent change made the database roll this one back; retry it shortly.",
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    logger.warning("database did not finish %s %s (SQLSTATE %s): answered 503", request.method, request.path,
+                   sqlstate or "none")
+    return WardenError(CommonRefusal.TRY_AGAIN, why, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def _connection_lost(exc: Exception) -> bool:
+    """psycopg's words when the server went away mid-request (no SQLSTATE to go by)."""
+    text = str(exc).lower()
+    return any(words in text for words in ("connection is closed", "server closed the connection",
+                                           "connection already closed", "consuming input failed", "terminating connection"))
 
 
 def _data_error(request, exc: DataError) -> WardenError:
@@ -146,6 +161,7 @@ _TRANSLATIONS = {
     Http404: _not_found,
     ObjectDoesNotExist: _not_found,
     OperationalError: lambda request, exc: _operational(request, exc) or _unexpected(request, exc),
+    InterfaceError: lambda request, exc: _operational(request, exc) or _unexpected(request, exc),
     DataError: _data_error,
     RequestDataTooBig: _too_large,
     SuspiciousOperation: _suspicious,

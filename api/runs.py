@@ -18,7 +18,7 @@ from agents.selectors import run_agent_version
 from api import streams
 from api.approvals import ApprovalOut
 from api.base import (
-    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, StorableText, Timestamp, errors,
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ShownJSON, StorableText, Timestamp, errors,
 )
 from api.tool_calls import ToolCallOut
 from approvals_app.selectors import approvals_of_run
@@ -112,7 +112,7 @@ class StepOut(Schema):
     finish_reason: str
     discard_reason: str
     text: str = Field(description="what the model said in this step (streamed so far while running)")
-    context_manifest: Any = Field(description="model steps: which history messages the call saw (`message_seq_ranges`: inclusive [first, last] seq ranges) and which summary")
+    context_manifest: ShownJSON = Field(description="model steps: which history messages the call saw (`message_seq_ranges`: inclusive [first, last] seq ranges) and which summary")
 
     @staticmethod
     def resolve_text(step) -> str:
@@ -122,8 +122,8 @@ class StepOut(Schema):
 class AppliedEffectOut(Schema):
     tool_call: uuid.UUID
     tool: str
-    arguments: Any
-    result: Any
+    arguments: ShownJSON
+    result: ShownJSON
     idempotency_key: str | None
     finished_at: datetime | None
 
@@ -131,7 +131,7 @@ class AppliedEffectOut(Schema):
 class EventOut(Schema):
     seq: int
     type: str
-    payload: Any
+    payload: ShownJSON
     created_at: datetime
 
 
@@ -143,9 +143,9 @@ class RunAgentOut(Schema):
     provider: str
     model: str
     tools: list[str]
-    approval_rules: Any
-    write_caps: Any = Field(description="writes a model turn and a run may make ({} : the deployment's defaults)")
-    limits: Any = Field(description="cumulative limits per write tool (docs/EXTENDING.md, \"Limits\")")
+    approval_rules: ShownJSON
+    write_caps: ShownJSON = Field(description="writes a model turn and a run may make ({} : the deployment's defaults)")
+    limits: ShownJSON = Field(description="cumulative limits per write tool (docs/EXTENDING.md, \"Limits\")")
 
 
 class RunDetailOut(RunOut):

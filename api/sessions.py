@@ -12,7 +12,7 @@ from config.errors import CommonRefusal, WardenError
 from api.errors import not_found
 from agents.errors import AgentRefusal
 from api.base import (
-    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, StorableText, errors,
+    BodyIn, COMMON_ERRORS, DEFAULT_PAGE_SIZE, MAX_BIGINT, MAX_PAGE_SIZE, ShownJSON, StorableText, errors,
 )
 from access import policy as access
 from agents.selectors import agent_get
@@ -66,7 +66,7 @@ class MessageOut(Schema):
     seq: int
     role: MessageRole
     content: str
-    tool_calls: Any = Field(description="assistant messages that ask for tools: the calls as the model stated them")
+    tool_calls: ShownJSON = Field(description="assistant messages that ask for tools: the calls as the model stated them")
     tool_call_id: str
     tool_name: str
     run_id: uuid.UUID | None

@@ -4,7 +4,7 @@ downstream system again or by recording what happened with evidence (SPEC §6)."
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from django.core.exceptions import ObjectDoesNotExist
 from ninja import Field, Query, Router, Schema
@@ -12,7 +12,7 @@ from ninja import Field, Query, Router, Schema
 from tools_app.errors import ToolCallRefusal
 from config.errors import CommonRefusal, WardenError
 from api.errors import not_found
-from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, StorableText, errors
+from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ShownJSON, StorableJSON, StorableText, errors
 from tools_app.models import Resolution, ToolCallStatus, ToolEffect
 from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
 from access import policy as access
@@ -30,8 +30,8 @@ class ToolCallOut(Schema):
     index: int
     tool_call_id: str = Field(description="the model's id of the call (not a business key)")
     tool_name: str
-    arguments: Any = Field(description="what executes (or executed)")
-    proposed_arguments: Any = Field(None, description="what the model asked, when an operator edited the arguments "
+    arguments: ShownJSON = Field(description="what executes (or executed)")
+    proposed_arguments: ShownJSON = Field(None, description="what the model asked, when an operator edited the arguments "
                                                       "before approving; null otherwise")
     effect: ToolEffect
     status: ToolCallStatus
@@ -43,7 +43,7 @@ class ToolCallOut(Schema):
                                                      "this one; this call was not executed")
     reused_from_run: uuid.UUID | None = Field(description="that call's run, when the caller may see it")
     money: str | None = Field(description='the amount with its currency, as the tool declares them, e.g. "9.00 EUR"')
-    result: Any
+    result: ShownJSON
     error_code: str
     error_detail: str
     created_at: datetime
@@ -111,7 +111,7 @@ class ToolCallPage(Schema):
 class ResolveIn(BodyIn):
     applied: bool = Field(description="true: the downstream system did apply it (→ succeeded); false: it did not (→ failed)")
     evidence: StorableText = Field(min_length=1, max_length=5000, description="what shows it, e.g. the ledger entry")
-    result: dict[str, Any] | None = Field(None, description="the call's result when applied")
+    result: StorableJSON | None = Field(None, description="the call's result when applied")
 
 
 class ReconcileOut(Schema):

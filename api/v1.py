@@ -2,9 +2,10 @@
 
 Every answer that is not a success is JSON `{"code", "message", "fields"?}`: a refusal
 (config.errors.WardenError), answered by the one handler of api/errors.py with its code's status.
-A write PostgreSQL rolled back because of a concurrent one (a deadlock or a serialization failure)
-is a 503 with Retry-After: the client sends it again. Anything else is a bug, logged and answered
-with a JSON 500.
+A write PostgreSQL rolled back because of a concurrent one (a deadlock or a serialization failure),
+or a request whose database connection was lost or refused (SQLSTATE classes 08 and 57), is a 503
+with Retry-After: the client sends it again. Anything else is a bug, logged and answered with a
+JSON 500.
 """
 
 from functools import wraps
@@ -43,7 +44,12 @@ Whatever you may not see answers 404.
 same key and body again return the first response (with `Idempotent-Replayed: true`) and do
 nothing twice; the same key with a different body is a 409. Keys are kept for a day by default.
 
-**Errors** are JSON `{"code": "...", "message": "...", "fields": [...]}`; `code` is stable.
+**Errors** are JSON `{"code": "...", "message": "...", "fields": [...]}`; `code` is stable. `503`
+`{"code": "try_again"}` with `Retry-After`: the database rolled the request back or lost its
+connection; nothing was saved, send it again.
+
+**JSON you send** (agent definitions, a resolution's result, an edit's arguments) may be nested at
+most 32 levels and be at most 256 KiB as JSON; anything stored deeper is shown cut off with a marker.
 
 **Rate limits.** Requests are counted per API key, per user, and POSTs per user (the deployment's
 settings `WARDEN_API_RATE_PER_KEY`, `WARDEN_API_RATE_PER_USER`, `WARDEN_API_WRITE_RATE_PER_USER`);

@@ -17,6 +17,8 @@ from django.shortcuts import render
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
+from access import policy as access
+from approvals_app.services import audit_record
 from demo.client import DESK_TOKEN_HEADER, desk_token_valid
 from demo.faults import fault_before_work, fault_deliver
 from notifications.models import WebhookEndpoint
@@ -203,12 +205,19 @@ def faults_view(request: HttpRequest) -> JsonResponse:
     from_desk = desk_token_valid(request.headers.get(DESK_TOKEN_HEADER))
     if not from_desk and not (request.user.is_authenticated and request.user.is_staff):
         return _error(403, "staff_required", "fault injection is for signed-in staff")
+    if not from_desk and not access.can_arm_demo_faults(user=request.user):
+        # The same permission as the desk's demo buttons (issue 27, finding 12).
+        return _error(403, "permission_required", "fault injection needs the demo app's change_simfault permission")
     if request.method not in ("GET", "POST", "DELETE"):
         return _method_not_allowed(request, ["GET", "POST", "DELETE"])
     if not from_desk and (reason := _csrf_failure(request)) is not None:
         return _error(403, "csrf_failed", reason)
     if request.method == "DELETE":
-        return JsonResponse({"cleared": sim_fault_clear()})
+        cleared = sim_fault_clear()
+        if not from_desk:  # the desk's buttons audit their own presses (demo/admin.py)
+            audit_record(actor=request.user, action="demo_fault_clear", object_type="simfault", object_id="all",
+                         before={}, after={"cleared": cleared})
+        return JsonResponse({"cleared": cleared})
     if request.method == "POST":
         try:
             payload = _json_body(request)
@@ -217,18 +226,19 @@ def faults_view(request: HttpRequest) -> JsonResponse:
                 raise SimError(400, "invalid_fault", "delay_seconds must be a number")
             if isinstance(count, bool) or not isinstance(count, int) or count > MAX_FAULT_COUNT:
                 raise SimError(400, "invalid_fault", f"count must be an integer of at most {MAX_FAULT_COUNT}")
-            sim_fault_set(
-                target=str(payload.get("target", "")),
-                mode=str(payload.get("mode", "")),
-                delay_seconds=float(delay_seconds),
-                count=count,
-            )
+            fault = {"target": str(payload.get("target", "")), "mode": str(payload.get("mode", "")),
+                     "delay_seconds": float(delay_seconds), "count": count}
+            sim_fault_set(**fault)
+            if not from_desk:
+                audit_record(actor=request.user, action="demo_fault_arm", object_type="simfault",
+                             object_id=fault["target"], before={}, after=fault)
         except SimError as exc:
             return _error(exc.status, exc.code, exc.detail)
     return JsonResponse({"faults": sim_fault_list()})
 
 
 # The demo's webhook endpoint (runs_app.WebhookEndpoint), created by `manage.py demo_setup`.
+VIEW_RECEIPTS = "demo.view_simwebhookreceipt"
 
 
 @csrf_exempt
@@ -254,6 +264,8 @@ def webhook_receiver_view(request: HttpRequest):
         return JsonResponse({"received": True, "signature_valid": valid}, status=200 if valid else 400)
     if request.method != "GET":
         return _method_not_allowed(request, ["GET", "POST"])
+    if request.user.is_authenticated and request.user.is_staff and not request.user.has_perm(VIEW_RECEIPTS):
+        return _error(403, "permission_required", "the webhook log needs the demo app's view_simwebhookreceipt permission")
     if not (request.user.is_authenticated and request.user.is_staff):
         # Signing in is Warden's (this server has no login page); the session cookie is the same
         # host's, so it comes back here with it.

@@ -7,7 +7,7 @@ from django.contrib import admin, messages
 from desk.base import ReadOnlyAdmin, ReadOnlyInline
 from desk.display import pretty_json
 from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from notifications.services import webhook_deliveries_retry_now
+from notifications.services import url_redacted, webhook_deliveries_retry_now
 
 
 class WebhookEndpointForm(forms.ModelForm):
@@ -23,9 +23,13 @@ class WebhookEndpointForm(forms.ModelForm):
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
-    list_display = ("name", "url", "kinds_display", "active", "created_at")
+    list_display = ("name", "url_shown", "kinds_display", "active", "created_at")
     list_filter = ("active",)
     readonly_fields = ("created_at", "updated_at")
+
+    @admin.display(description="url", ordering="url")
+    def url_shown(self, obj):
+        return url_redacted(obj.url)  # the token a receiver puts in its URL stays on the endpoint's own page
 
     @admin.display(description="kinds")
     def kinds_display(self, obj):

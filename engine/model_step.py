@@ -12,6 +12,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from config.logs import log_context
+from config.storable import json_problem
 from config.tracing import span, span_set
 from engine import state
 from engine.actions.runs import run_end
@@ -337,6 +338,8 @@ def _validate(result: StreamResult, *, offered: list[str] | None = None, version
             return f"arguments of {call.name} are not valid JSON: {error.msg}"
         if not isinstance(parsed, dict):
             return f"arguments of {call.name} are not a JSON object"
+        if problem := json_problem(parsed):
+            return f"arguments of {call.name} {problem}"
         try:
             call.arguments = tool.arguments.model_validate(parsed).model_dump(mode="json")
         except ValidationError as error:

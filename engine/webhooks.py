@@ -22,7 +22,7 @@ from django.conf import settings
 from config.logs import log_context
 from config.tracing import span, span_set
 from notifications.outbox import webhook_body_bytes, webhook_signature
-from notifications.services import webhook_attempt_record, webhook_delivery_claim
+from notifications.services import url_redacted, webhook_attempt_record, webhook_delivery_claim
 from operations import liveness
 
 logger = logging.getLogger("warden.webhooks")
@@ -72,8 +72,8 @@ def _attempt(client: httpx.Client, claimed, deliverer: str) -> None:
     outcome = webhook_attempt_record(delivery=delivery, attempt=attempt, deliverer=deliverer, status_code=status_code,
                                      error=error, excerpt=excerpt)
     log = logger.info if outcome == "delivered" else logger.warning
-    log("webhook %s (%s) attempt %d to %s: %s%s", delivery.id, delivery.kind, attempt.number, delivery.endpoint.url,
-        outcome, f" ({error})" if error else "",
+    log("webhook %s (%s) attempt %d to %s: %s%s", delivery.id, delivery.kind, attempt.number,
+        url_redacted(delivery.endpoint.url), outcome, f" ({error})" if error else "",
         extra={"webhook_id": str(delivery.id), "attempt": attempt.number, "outcome": outcome})
 
 

@@ -3,6 +3,7 @@ delivered, failed for good, or asked to go again at once (the desk). Delivery it
 request, outside any transaction — is engine/webhooks.py."""
 
 import random
+from urllib.parse import urlsplit, urlunsplit
 from datetime import timedelta
 
 from django.conf import settings
@@ -22,6 +23,18 @@ WHERE "id" = (
 )
 RETURNING "id", "attempts"
 """
+
+
+def url_redacted(url: str) -> str:
+    """A receiver's URL as logs and lists show it (issue 27, finding 9): without the user and
+    password before the host and without the query, where receivers put their tokens —
+    `https://***@hooks.example.com/in?…`."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal
+    netloc = ("***@" if parts.username or parts.password else "") + host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "…" if parts.query else "", ""))
 
 
 def claim_seconds() -> float:

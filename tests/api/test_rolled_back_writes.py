@@ -15,7 +15,9 @@ from sessions_app.models import Message, PendingInput
 
 pytestmark = pytest.mark.django_db
 
-ROLLBACKS = ["deadlock_detected", "serialization_failure"]
+# Class 40 (rolled back), class 08 (the connection failed), class 57 (terminated by an operator,
+# the server shutting down or not yet accepting): each is "try again", never a 500.
+ROLLBACKS = ["deadlock_detected", "serialization_failure", "connection_failure", "admin_shutdown", "cannot_connect_now"]
 
 
 def _rolled_back_by_postgres(condition: str):
@@ -67,6 +69,23 @@ def test_a_decision_the_database_rolled_back_is_503(world, alice_api, monkeypatc
 def test_a_reconciliation_the_database_rolled_back_is_503(world, operator_api, monkeypatch, condition, endpoint, action, body):
     monkeypatch.setattr(action, _rolled_back_by_postgres(condition))
     _answered_try_again(operator_api.post(f"/tool-calls/{world.unknown_call.pk}/{endpoint}", body))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_whose_database_connection_is_terminated_is_503_and_the_next_one_goes_through(world, alice_api, monkeypatch):
+    """Issue 27, finding 6, as it was found: pg_terminate_backend while a post is in flight — the
+    real thing, the server ending this very connection mid-request."""
+    def terminated(**kwargs):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    monkeypatch.setattr("api.sessions.message_post", terminated)
+    messages, pending = Message.objects.count(), PendingInput.objects.count()
+    _answered_try_again(alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "refund order 9527"}))
+    connection.close()  # this test shares the request's connection: open a fresh one
+    assert (Message.objects.count(), PendingInput.objects.count()) == (messages, pending)
+    monkeypatch.undo()
+    assert alice_api.post(f"/sessions/{world.session.pk}/messages", {"content": "refund order 9527"}).status_code == 201
 
 
 def test_other_database_errors_stay_a_logged_500(world, alice_api, monkeypatch):

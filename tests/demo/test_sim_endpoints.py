@@ -150,7 +150,31 @@ def test_unsupported_method_is_405_json(client):
     assert (response.status_code, response.json()["error"]["code"]) == (405, "method_not_allowed")
 
 
-# --- the fault switchboard: staff only -------------------------------------------------------
+# --- the fault switchboard: staff with the permission, audited ------------------------------------
+
+
+def _fault_armer():
+    from django.contrib.auth.models import Permission
+    staffer = UserFactory(username="staffer", is_staff=True)
+    staffer.user_permissions.add(Permission.objects.get(content_type__app_label="demo", codename="change_simfault"))
+    return staffer
+
+
+def test_staff_without_the_permission_may_not_arm_faults_and_arming_is_audited(client):
+    """Issue 27, finding 12: the switchboard checked is_staff only, and nothing was audited."""
+    from approvals_app.models import AuditEntry
+
+    client.force_login(UserFactory(username="plain-staff", is_staff=True))
+    refused = client.post("/sim/faults", {"target": "refund", "mode": "delay"}, content_type="application/json")
+    assert (refused.status_code, refused.json()["error"]["code"]) == (403, "permission_required")
+    assert client.get("/sim/webhooks/").status_code in (403, 404)  # the log too (404 outside demo mode)
+    assert not SimFault.objects.exists()
+    client.force_login(_fault_armer())
+    assert client.post("/sim/faults", {"target": "refund", "mode": "delay"}, content_type="application/json").status_code == 200
+    assert client.delete("/sim/faults").status_code == 200
+    trail = AuditEntry.objects.filter(object_type="simfault").order_by("id")
+    assert [(e.action, e.actor.username, e.object_id) for e in trail] == [
+        ("demo_fault_arm", "staffer", "refund"), ("demo_fault_clear", "staffer", "all")]
 
 
 def test_faults_are_forbidden_to_anonymous_and_non_staff(client):
@@ -164,7 +188,7 @@ def test_faults_are_forbidden_to_anonymous_and_non_staff(client):
 
 
 def test_staff_arms_lists_and_clears_faults(client):
-    client.force_login(UserFactory(username="staffer", is_staff=True))
+    client.force_login(_fault_armer())
     armed = client.post(
         "/sim/faults",
         {"target": "refund", "mode": "timeout_after_booking", "delay_seconds": 1.5, "count": -1},
@@ -180,7 +204,7 @@ def test_staff_arms_lists_and_clears_faults(client):
 
 
 def test_bad_fault_is_400(client):
-    client.force_login(UserFactory(username="staffer", is_staff=True))
+    client.force_login(_fault_armer())
     for body in ({"target": "moon", "mode": "delay"}, {"target": "refund", "mode": "explode"},
                  {"target": "refund", "mode": "delay", "count": 0}, {"target": "refund", "mode": "delay", "delay_seconds": "x"},
                  {"target": "refund", "mode": "delay", "count": 10**10}):
@@ -191,7 +215,7 @@ def test_bad_fault_is_400(client):
 
 def test_fault_changes_need_a_csrf_token_from_a_browser_session():
     browser = Client(enforce_csrf_checks=True)
-    browser.force_login(UserFactory(username="staffer", is_staff=True))
+    browser.force_login(_fault_armer())
     body = {"target": "refund", "mode": "delay"}
     forged = browser.post("/sim/faults", body, content_type="application/json")
     assert (forged.status_code, forged.json()["error"]["code"]) == (403, "csrf_failed")

@@ -4,6 +4,7 @@ forged one is shown as such."""
 
 import httpx
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import transaction
 
@@ -42,7 +43,9 @@ def test_demo_setup_wires_the_receiver_and_deliveries_arrive_signed(simulator, s
     refused = httpx.get(endpoint.url)  # staff only: signing in is Warden's, and comes back here
     assert refused.status_code == 302
     assert refused.headers["location"].startswith(f"{settings.WARDEN_PUBLIC_URL}/admin/login/?next=")
-    client.force_login(UserFactory(is_staff=True))  # a session the simulator's server shares (same database)
+    viewer = UserFactory(is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_simwebhookreceipt"))
+    client.force_login(viewer)  # a session the simulator's server shares (same database)
     page = httpx.get(endpoint.url, cookies={settings.SESSION_COOKIE_NAME: client.cookies[settings.SESSION_COOKIE_NAME].value})
     assert page.status_code == 200
     assert str(delivery.id) in page.text and "INVALID" in page.text and "valid" in page.text

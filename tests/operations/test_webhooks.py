@@ -221,3 +221,28 @@ def test_a_write_automation_gave_up_on_is_announced_once(settings):
     (delivery,) = WebhookDelivery.objects.all()
     assert delivery.kind == NotificationKind.RECONCILIATION_NEEDED
     assert delivery.body["data"]["links"]["tool_call"].endswith(f"/admin/tools_app/unknowntoolcall/{call.id}/change/")
+
+
+def test_a_receivers_password_and_token_stay_out_of_the_log_and_the_endpoint_list(caplog, client):
+    """Issue 27, finding 9: a receiver's URL carries a user, a password and a query token; a delivery
+    attempt logs the URL without them, and the desk's endpoint list shows it without them too."""
+    from django.contrib.auth.models import Permission
+
+    from engine.webhooks import webhooks_deliver_due
+    from tests.support.factories import UserFactory
+
+    port = free_port()  # nothing listens there: the attempt fails, and is logged as a warning
+    WebhookEndpoint.objects.create(name="on-call", url=f"http://hookuser:hookpass@127.0.0.1:{port}/in?token=s3cret",
+                                   kinds=[NotificationKind.RUN_FAILED])
+    _fail(RunFactory())
+    with caplog.at_level("INFO", logger="warden.webhooks"):
+        assert webhooks_deliver_due() == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "warden.webhooks"]
+    assert f"http://***@127.0.0.1:{port}/in?…" in line
+    assert "s3cret" not in line and "hookpass" not in line and "hookuser" not in line
+
+    staff = UserFactory(username="hooks-admin", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=["view_webhookendpoint", "change_webhookendpoint"]))
+    client.force_login(staff)
+    page = client.get("/admin/notifications/webhookendpoint/").content.decode()
+    assert f"http://***@127.0.0.1:{port}/in?…" in page and "s3cret" not in page and "hookpass" not in page
