@@ -3,6 +3,7 @@ each documented where it is read."""
 
 import json
 import os
+from urllib.parse import urlsplit
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -497,6 +498,12 @@ WARDEN_TRACE_SQL = _env_bool("WARDEN_TRACE_SQL", False)
 
 # WARDEN_PUBLIC_URL: where people reach this deployment; links in webhook bodies; default local.
 WARDEN_PUBLIC_URL = os.environ.get("WARDEN_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# WARDEN_WEBHOOK_ALLOWED_HOSTS: comma-separated hostnames, addresses or networks ("hooks.internal,
+# 10.0.0.0/8") webhooks may go to although they are loopback, private, link-local or multicast
+# (notifications/targets.py); default none — in demo mode, the simulated services' host.
+WARDEN_WEBHOOK_ALLOWED_HOSTS = [h.strip() for h in os.environ.get("WARDEN_WEBHOOK_ALLOWED_HOSTS", "").split(",") if h.strip()]
+if WARDEN_DEMO and "WARDEN_WEBHOOK_ALLOWED_HOSTS" not in os.environ:
+    WARDEN_WEBHOOK_ALLOWED_HOSTS = [urlsplit(WARDEN_SIM_BASE_URL).hostname or "127.0.0.1"]
 # WARDEN_WEBHOOK_TIMEOUT_SECONDS: how long one delivery attempt waits for the receiver; default 10.
 WARDEN_WEBHOOK_TIMEOUT_SECONDS = float(os.environ.get("WARDEN_WEBHOOK_TIMEOUT_SECONDS", 10))
 # WARDEN_WEBHOOK_MAX_ATTEMPTS: attempts before a delivery is given up (shown failed); default 12.

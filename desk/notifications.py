@@ -8,6 +8,7 @@ from desk.base import ReadOnlyAdmin, ReadOnlyInline
 from desk.display import pretty_json
 from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from notifications.services import url_redacted, webhook_deliveries_retry_now
+from notifications.targets import webhook_url_refusal
 
 
 class WebhookEndpointForm(forms.ModelForm):
@@ -18,6 +19,12 @@ class WebhookEndpointForm(forms.ModelForm):
     class Meta:
         model = WebhookEndpoint
         fields = ("name", "url", "kinds", "active", "secret")
+
+    def clean_url(self):
+        url = self.cleaned_data["url"]
+        if refusal := webhook_url_refusal(url):
+            raise forms.ValidationError(f"Not a receiver Warden sends to: {refusal}.")
+        return url
 
 
 @admin.register(WebhookEndpoint)

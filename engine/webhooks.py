@@ -15,6 +15,7 @@ schedule — any number at once, since the claim decides.
 
 import logging
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from django.conf import settings
@@ -23,6 +24,7 @@ from config.logs import log_context
 from config.tracing import span, span_set
 from notifications.outbox import webhook_body_bytes, webhook_signature
 from notifications.services import url_redacted, webhook_attempt_record, webhook_delivery_claim
+from notifications.targets import Target, TargetRefused, webhook_target
 from operations import liveness
 
 logger = logging.getLogger("warden.webhooks")
@@ -43,6 +45,18 @@ def webhooks_deliver_due(*, limit: int = 50, budget_seconds: float = 30.0) -> in
     return made
 
 
+def _pinned(url: str, target: Target) -> tuple[str, str, dict]:
+    """`url` aimed at the address that was checked (so a second resolution cannot send it elsewhere),
+    with the Host header and, for https, the TLS server name of the host as written."""
+    parts = urlsplit(url)
+    address = f"[{target.address}]" if ":" in target.address else target.address
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = (f"{userinfo}@" if userinfo else "") + address + (f":{parts.port}" if parts.port else "")
+    host_header = target.host + (f":{parts.port}" if parts.port else "")
+    extensions = {"sni_hostname": target.host} if parts.scheme == "https" else {}
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), host_header, extensions
+
+
 def _attempt(client: httpx.Client, claimed, deliverer: str) -> None:
     delivery, attempt = claimed
     body = webhook_body_bytes(delivery.body)
@@ -57,15 +71,22 @@ def _attempt(client: httpx.Client, claimed, deliverer: str) -> None:
                                                timestamp=timestamp, body=body),
     }
     status_code, error, excerpt = None, "", ""
+    try:
+        target = webhook_target(delivery.endpoint.url)  # resolved and checked now, every attempt
+    except TargetRefused as refused:
+        target, error = None, f"refused: {refused}"[:500]
     with log_context(run_id=str(delivery.run_id) if delivery.run_id else None), span(
         "webhook.delivery", delivery=webhook_id, kind=delivery.kind, attempt=attempt.number, endpoint=delivery.endpoint_id,
         run_id=delivery.run_id,
     ) as current:
         try:
-            response = client.post(delivery.endpoint.url, content=body, headers=headers)
-            status_code, excerpt = response.status_code, response.text[:500]
-            if not 200 <= status_code < 300:
-                error = f"HTTP {status_code}"
+            if target is not None:
+                url, host_header, extensions = _pinned(delivery.endpoint.url, target)
+                response = client.post(url, content=body, headers={**headers, "host": host_header}, extensions=extensions)
+                # Status and size only: what a receiver answers is not ours to keep or show.
+                status_code, excerpt = response.status_code, f"{len(response.content)} bytes"
+                if not 200 <= status_code < 300:
+                    error = f"HTTP {status_code}"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__
         span_set(current, status_code=status_code, error=error or None)

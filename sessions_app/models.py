@@ -27,6 +27,22 @@ class Session(models.Model):
         return self.title or f"Session {self.id}"
 
 
+class RateCounter(models.Model):
+    """A rate limit's count of one caller in one fixed window (config/throttling.py), incremented
+    atomically; without Redis, every web process counts here. Rows expire two windows on."""
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=200)
+    start = models.BigIntegerField()  # the window's start, epoch seconds
+    expires = models.BigIntegerField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "warden_rate_counter"
+        constraints = [models.UniqueConstraint(fields=["key", "start"], name="rate_counter_key_window")]
+        indexes = [models.Index(fields=["expires"], name="rate_counter_expires")]
+
+
 class MessageRole(models.TextChoices):
     SYSTEM = "system"
     USER = "user"

@@ -15,6 +15,8 @@ os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghij
 os.environ.setdefault("WARDEN_API_RATE_PER_KEY", "100000/min")
 os.environ.setdefault("WARDEN_API_RATE_PER_USER", "100000/min")
 os.environ.setdefault("WARDEN_API_WRITE_RATE_PER_USER", "100000/min")
+# The suite's webhook receivers listen on this machine (notifications/targets.py refuses loopback otherwise).
+os.environ.setdefault("WARDEN_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1")
 # The shared cache may be a Redis other test runs use too: this run's keys are its own.
 os.environ.setdefault("WARDEN_CACHE_PREFIX", f"test-{uuid.uuid4().hex[:12]}")
 

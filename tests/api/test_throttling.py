@@ -117,3 +117,31 @@ def test_the_database_cache_keeps_the_counts_of_many_users():
         table.set(f"throttle_user_{user}", 1, 3600)
     assert table.get("throttle_user_0") == 1 and table.get("throttle_user_999") == 1
     table.delete_many([f"throttle_user_{user}" for user in range(1000)])
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_never_get_past_a_limit(request):
+    """Issue 27, finding 5: at concurrency 8, 90 writes passed a limit of 60 (the count was read,
+    changed and written back). Now 8 threads sending 40 writes against a limit of 10, and 16 threads
+    sending 64 reads against a limit of 20, through a real web server: exactly the limit passes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    group = ProcessGroup(name="throttle-concurrent")
+    group.base_env |= {"WARDEN_API_WRITE_RATE_PER_USER": "10/hour", "WARDEN_API_RATE_PER_KEY": "60/hour"}
+    try:
+        group.start_web()
+        writer, reader = (ApiKeyFactory(owner=UserFactory()).secret for _ in range(2))
+
+        def send(secret, method, path, body=None):
+            with httpx.Client(trust_env=False, timeout=60, headers={"Authorization": f"Bearer {secret}"}) as http:
+                return http.request(method, f"{group.base_url}/api/v1{path}", json=body).status_code
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            writes = list(pool.map(lambda n: send(writer, "POST", "/sessions", {"title": f"w{n}"}), range(40)))
+        assert sorted(writes).count(201) == 10 and writes.count(429) == 30, writes
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            reads = list(pool.map(lambda n: send(reader, "GET", "/me"), range(80)))
+        assert reads.count(200) == 60 and reads.count(429) == 20, reads
+    finally:
+        group.stop_all()

@@ -53,3 +53,27 @@ def test_serve_all_leaves_no_process_behind(group, how):
     wait_for(lambda: serve_all.poll() is not None, timeout=60, message="serve_all to exit")
     assert serve_all.returncode == 0
     assert not [pid for pid in started if _running(pid)], "serve_all exited and left processes running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_serve_all_on_other_ports_points_the_demos_webhooks_and_links_at_itself(group):
+    """Issue 27, finding 12: `serve_all --port N` left the demo's webhook endpoint and public links on
+    the default ports, so another instance on the machine received this one's signed webhooks."""
+    import httpx
+
+    from demo.accounts import DEMO_WEBHOOK_ENDPOINT
+    from notifications.models import NotificationKind, WebhookEndpoint
+
+    WebhookEndpoint.objects.create(name=DEMO_WEBHOOK_ENDPOINT, url="http://127.0.0.1:8001/sim/webhooks/",
+                                   kinds=[NotificationKind.RUN_FAILED])
+    port = free_port_pair()
+    for variable in ("WARDEN_SIM_BASE_URL", "WARDEN_PUBLIC_URL"):
+        group.base_env.pop(variable, None)
+    group.start("serve_all", [sys.executable, "manage.py", "serve_all", "--host", "127.0.0.1", "--port", str(port),
+                              "--no-workers"])
+    wait_for(lambda: ProcessGroup._listening(port + 1), timeout=120, message="the simulator to accept connections")
+    wait_for(lambda: WebhookEndpoint.objects.get(name=DEMO_WEBHOOK_ENDPOINT).url == f"http://127.0.0.1:{port + 1}/sim/webhooks/",
+             timeout=60, message="the demo's webhook endpoint to follow the simulator's port")
+    # The receiver's page sends a visitor to this instance's login, not the default port's.
+    answer = httpx.get(f"http://127.0.0.1:{port + 1}/sim/webhooks/", follow_redirects=False)
+    assert answer.status_code == 302 and answer.headers["location"].startswith(f"http://127.0.0.1:{port}/admin/login/")

@@ -69,6 +69,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, host, port, no_workers, **options):
         env = dict(os.environ)
+        # Links in webhook bodies and the demo's pages name this instance, not the default port
+        # (issue 27, finding 12: another instance received a stranger's webhooks and links).
+        env.setdefault("WARDEN_PUBLIC_URL", f"http://{host}:{port}")
         daphne = [sys.executable, "-m", "daphne", "-b", host]
         children: list[subprocess.Popen] = []
 
@@ -91,6 +94,8 @@ class Command(BaseCommand):
             # the web server's only sync thread.)
             sim_port = int(port) + 1
             env.setdefault("WARDEN_SIM_BASE_URL", f"http://{host}:{sim_port}/sim")
+            # The demo's webhook endpoint (demo_setup made it for the default ports) follows them.
+            subprocess.run([sys.executable, "manage.py", "demo_point_webhooks"], env=env, check=False)
             start([*daphne, "-p", str(sim_port), "--verbosity", "0", "demo.asgi:application"])
         if not no_workers:
             start([sys.executable, "manage.py", "qcluster"])
