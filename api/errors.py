@@ -10,6 +10,7 @@ import math
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation
 from django.db import DataError, InterfaceError, OperationalError
+from psycopg_pool import PoolTimeout
 from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
@@ -109,6 +110,8 @@ def _operational(request, exc: OperationalError | InterfaceError) -> WardenError
         why = "A concurrent change made the database roll this one back; retry it shortly."
     elif sqlstate.startswith(("08", "57")) or isinstance(exc, InterfaceError) or (not sqlstate and _connection_lost(exc)):
         why = "The connection to the database was lost; nothing was saved. Retry it shortly."
+    elif isinstance(exc.__cause__, PoolTimeout):
+        why = "The server has no database connection free for this request now; nothing was saved. Retry it shortly."
     else:
         return None
     logger.warning("database did not finish %s %s (SQLSTATE %s): answered 503", request.method, request.path,

@@ -17,7 +17,9 @@ from django.db import connections
 from django.http import StreamingHttpResponse
 from pydantic_core import to_json
 
+from config.errors import CommonRefusal, WardenError
 from operations import liveness
+from operations.streams import stream_slot_give_back, stream_slot_take, streams_refusal
 from runs_app.events import event_payload_for_customer
 from runs_app.live import PUBLISH_TIMEOUT_SECONDS, session_group
 from runs_app.selectors import run_event_poll
@@ -295,7 +297,13 @@ def event_stream_response(*, run, after: int, max_seconds: int, still_allowed, c
     # Under ASGI (daphne) the body must be an async iterator, or Django would buffer the
     # whole stream before sending it; under WSGI and the test client a plain generator.
     content = _sse_async(state) if isinstance(request, ASGIRequest) else _sse_sync(state)
+    # One of the caller's live-connection slots (operations/streams.py), given back when the response
+    # is closed — by Django, however the stream ends — and expiring on its own after the deadline.
+    slot = stream_slot_take(user_id=request.auth.pk, kind="sse", seconds=max_seconds + 60)
+    if slot is None:
+        raise WardenError(CommonRefusal.THROTTLED, streams_refusal(request.auth.pk), headers={"Retry-After": "5"})
     response = StreamingHttpResponse(content, content_type="text/event-stream")
+    response._resource_closers.append(lambda: stream_slot_give_back(slot))
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

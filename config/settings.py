@@ -88,6 +88,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a caller over their share of the database connections is answered before taking one.
+    "config.fair_share.FairShareMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "config.security.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -333,6 +335,9 @@ WARDEN_CONTEXT_TOKENS = _env_int("WARDEN_CONTEXT_TOKENS", 8000)
 WARDEN_RECONCILE_GRACE_SECONDS = float(os.environ.get("WARDEN_RECONCILE_GRACE_SECONDS", 30))
 # WARDEN_FOUR_EYES: forbid operators from deciding approvals, or reconciling tool calls, of their own sessions; default on.
 WARDEN_FOUR_EYES = _env_bool("WARDEN_FOUR_EYES", True)
+# WARDEN_STREAMS_PER_USER: live connections one user may hold open at once — SSE event streams and
+# console websockets together, over every web process (operations/streams.py); beyond it 429; default 20.
+WARDEN_STREAMS_PER_USER = _env_int("WARDEN_STREAMS_PER_USER", 20)
 # WARDEN_CONSOLE_RECHECK_SECONDS: how often an open console socket checks its user may still
 # see what it watches (logged out, deactivated, permission lost).
 WARDEN_CONSOLE_RECHECK_SECONDS = float(os.environ.get("WARDEN_CONSOLE_RECHECK_SECONDS", 30))
@@ -445,6 +450,10 @@ for _alias in DATABASES.values():
     if WARDEN_DB_POOL_SIZE:
         # A request waits at most `timeout` seconds for a free connection; idle ones close after a minute.
         _alias["OPTIONS"]["pool"] = {"min_size": 1, "max_size": WARDEN_DB_POOL_SIZE, "timeout": 10, "max_idle": 60}
+# WARDEN_DB_FAIR_SHARE: requests one caller (API key, browser session, else address) may have in
+# progress in one web process at once (config/fair_share.py); default half of WARDEN_DB_POOL_SIZE;
+# 0 (and always without a pool) turns it off.
+WARDEN_DB_FAIR_SHARE = (_env_int("WARDEN_DB_FAIR_SHARE", max(1, WARDEN_DB_POOL_SIZE // 2)) if WARDEN_DB_POOL_SIZE else 0)
 
 # WARDEN_LOG_FORMAT: `json` (one JSON object a line, with run_id, session_id, tool_call_id and
 # lease_token when known) or `plain` (for development); default json.

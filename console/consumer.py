@@ -40,6 +40,7 @@ from django.db.models import Q
 from console.errors import ConsoleRefusal
 from config.errors import CommonRefusal, WardenError
 from operations import liveness
+from operations.streams import stream_slot_give_back, stream_slot_renew, stream_slot_take, streams_refusal
 from runs_app.events import LiveDeltaKind, RunEventType, event_payload_for_customer
 from runs_app.live import session_group
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepKind, StepStatus
@@ -119,6 +120,16 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4401)  # before accept: the handshake is refused (HTTP 403)
             return
         self.user = user
+        # One of the user's live-connection slots (operations/streams.py), renewed by the access
+        # re-check while the socket stays open, given back when it closes.
+        self.slot = await database_sync_to_async(stream_slot_take)(user_id=user.pk, kind="websocket",
+                                                                    seconds=self._slot_seconds())
+        if self.slot is None:
+            # Accepted only to say why (a refused handshake carries no reason), then closed.
+            await self.accept()
+            await self.send_json({"type": "error", "code": "too_many_streams", "message": streams_refusal(user.pk)})
+            await self.close(code=4429)
+            return
         self.sessions: set[str] = set()
         self.last_seq: dict[str, int] = {}  # per run: the highest seq this client has been sent
         self.run_sessions: dict[str, str | None] = {}
@@ -134,7 +145,14 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         self.counted = True
         self.rechecking = asyncio.create_task(self._recheck_access())
 
+    @staticmethod
+    def _slot_seconds() -> float:
+        return 3 * settings.WARDEN_CONSOLE_RECHECK_SECONDS + 60
+
     async def disconnect(self, code):
+        if getattr(self, "slot", None) is not None:
+            slot, self.slot = self.slot, None
+            await database_sync_to_async(stream_slot_give_back)(slot)
         if getattr(self, "counted", False):
             self.counted = False
             liveness.gauge_add("websocket_clients", -1)
@@ -158,6 +176,10 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
                 await self.close(code=4401)
                 return
             self.user = user
+            try:
+                await database_sync_to_async(stream_slot_renew)(self.slot, seconds=self._slot_seconds())
+            except Exception:  # noqa: BLE001 - tried again at the next re-check; the slot outlives a miss
+                logger.warning("console stream slot renewal failed", exc_info=True)
             for session_id in lost:
                 self.sessions.discard(session_id)
                 await self.channel_layer.group_discard(session_group(session_id), self.channel_name)

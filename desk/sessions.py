@@ -10,7 +10,7 @@ from runs_app.models import Run
 from tools_app.selectors import run_ids_matching
 from access import policy as access
 from engine.actions.api_keys import api_key_issue, api_key_withdraw
-from sessions_app.models import ApiKey, IdempotencyRecord, Message, PendingInput, Session
+from sessions_app.models import ApiKey, IdempotencyRecord, Message, PendingInput, RateCounter, Session
 
 
 class MessageInline(ReadOnlyInline):
@@ -176,3 +176,12 @@ class IdempotencyRecordAdmin(ReadOnlyAdmin):
     search_fields = ("=key", "owner__username", "path")
     fields = ("created_at", "owner", "method", "path", "key", "request_hash", "status_code", "response_content_type")
     readonly_fields = fields
+
+
+@admin.register(RateCounter)
+class RateCounterAdmin(ReadOnlyAdmin):
+    """Rate-limit counts per caller and window, where the cache is the database (config/throttling.py)."""
+
+    list_display = ("key", "start", "count", "expires")
+    search_fields = ("key",)
+    readonly_fields = ("key", "start", "count", "expires")

@@ -21,9 +21,10 @@ from engine.actions.runs import run_end, run_resume
 from engine.queue import run_enqueue, run_enqueue_now
 from engine.state import lease_revoke_expired, run_row_lock
 from operations import liveness
+from operations.models import OpenStream
 from runs_app.events import RunEventType
 from runs_app.models import DEADLINE_PAUSED_WAITS, Run, RunErrorCode, RunEvent, RunStatus, WaitReason
-from sessions_app.models import IdempotencyRecord
+from sessions_app.models import IdempotencyRecord, RateCounter
 from sessions_app.services import session_lock
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.registry import ASK_USER
@@ -46,6 +47,7 @@ def sweep_once() -> dict:
         "deadlines_failed": _fail_past_deadline(now),
         "requeued": _reenqueue_stale(now),
         "idempotency_keys_purged": _purge_idempotency_keys(now),
+        "counters_purged": _purge_counters(now),
     }
     if any(counts.values()):
         logger.info("sweep: %s", counts, extra={"sweep": counts})
@@ -142,6 +144,14 @@ def _purge_idempotency_keys(now) -> int:
     oldest_kept = now - timedelta(seconds=settings.WARDEN_IDEMPOTENCY_KEY_TTL_SECONDS)
     stale = IdempotencyRecord.objects.filter(created_at__lt=oldest_kept).values_list("pk", flat=True)[:1000]
     return IdempotencyRecord.objects.filter(pk__in=list(stale)).delete()[0]
+
+
+def _purge_counters(now) -> int:
+    """Rate-limit windows nobody is counted in any more, and live-connection slots whose process
+    died without giving them back (config/throttling.py, operations/streams.py)."""
+    windows = RateCounter.objects.filter(expires__lt=int(now.timestamp())).values_list("pk", flat=True)[:5000]
+    purged = RateCounter.objects.filter(pk__in=list(windows)).delete()[0]
+    return purged + OpenStream.objects.filter(expires_at__lt=now).delete()[0]
 
 
 def _reenqueue_stale(now) -> int:

@@ -38,3 +38,18 @@ class ProcessHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} {self.identity}"
+
+
+class OpenStream(models.Model):
+    """A live connection a user holds open — an SSE event stream or a console websocket — so that
+    one user cannot hold hundreds (WARDEN_STREAMS_PER_USER; issue 27, finding 10). Deleted when the
+    connection ends; a row whose process died expires (`expires_at`, renewed while it lives)."""
+
+    id = models.UUIDField(primary_key=True)
+    user_id = models.IntegerField()
+    kind = models.CharField(max_length=12)  # "sse" or "websocket"
+    opened_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["user_id", "expires_at"], name="open_stream_user")]

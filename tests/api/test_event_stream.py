@@ -180,3 +180,30 @@ def test_an_open_stream_ends_when_the_browser_logs_out(world, alice, fast_stream
     browser.logout()
     rest = [chunk.decode() for chunk in stream if not chunk.startswith(b":")]
     assert rest == [streams.SSE_ACCESS_REVOKED]
+
+
+def test_a_user_may_hold_only_so_many_streams_open(world, alice_api, settings):
+    """Issue 27, finding 10: one user held 300 SSE streams (and 447 sockets). With a cap of 2, a third
+    stream is 429 with Retry-After and says why; closing one frees its slot."""
+    settings.WARDEN_STREAMS_PER_USER = 2
+    path = f"/runs/{world.approval_run.pk}/events/stream"
+    first, second = alice_api.get(path), alice_api.get(path)
+    assert first.status_code == second.status_code == 200
+    third = alice_api.get(path)
+    assert third.status_code == 429 and third.json()["code"] == "throttled" and int(third["Retry-After"]) >= 1
+    assert "live streams and sockets open" in third.json()["message"]
+    # The client goes away: Django closes the response and the slot is given back. (Outside the test
+    # client's request, its request_finished would close this test's connection: kept out of it.)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        first.close()
+    finally:
+        signals.request_finished.connect(close_old_connections)
+    again = alice_api.get(path)
+    assert again.status_code == 200
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        for response in (second, again):
+            response.close()
+    finally:
+        signals.request_finished.connect(close_old_connections)

@@ -7,9 +7,10 @@ import json
 import pytest
 from django.contrib.auth.models import Permission
 from django.test import override_settings
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
+from operations.models import OpenStream
 from runs_app.live import session_group
 from runs_app.models import Run, RunStatus, Step, StepKind, StepStatus, WaitReason
 from demo.model import HELP_TEXT
@@ -503,3 +504,27 @@ def test_socket_errors_are_json_with_a_code(procs):
         assert console.until(lambda m: m.get("ref") == "y")["code"] == "not_found"
         console.send(action="subscribe", session=str(session_open(owner=user).pk), after={"x": 1}, ref="z")
         assert console.until(lambda m: m.get("ref") == "z")["code"] == "bad_request"
+
+
+def test_a_user_may_hold_only_so_many_sockets_open(procs):
+    """Issue 27, finding 10: one user held 447 console websockets. With a cap of 2 (SSE streams and
+    sockets together), a third socket is told why and closed (4429); closing one frees its slot; the
+    cap is the user's, not everyone's."""
+    procs.base_env["WARDEN_STREAMS_PER_USER"] = "2"
+    procs.start_web()
+    user, other = UserFactory(), UserFactory()
+    first, second = open_socket(procs, user=user), open_socket(procs, user=user)
+    third = open_socket(procs, user=user)
+    told = json.loads(third.recv(timeout=30))
+    assert told["type"] == "error" and told["code"] == "too_many_streams"
+    with pytest.raises(ConnectionClosed):
+        third.recv(timeout=30)
+    assert third.close_code == 4429
+    with ConsoleSocket(open_socket(procs, user=other)) as console:  # another user's own cap
+        assert console.subscribe(session_open(owner=other, title="theirs").pk)["type"] == "subscribed"
+    first.close()
+    wait_for(lambda: OpenStream.objects.filter(user_id=user.pk).count() == 1, timeout=30,
+             message="the closed socket's slot to be given back")
+    with ConsoleSocket(open_socket(procs, user=user)) as console:
+        assert console.subscribe(session_open(owner=user, title="mine").pk)["type"] == "subscribed"
+    second.close()

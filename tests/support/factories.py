@@ -2,6 +2,7 @@
 with the sane defaults each needs; the demo world's included, since the suite runs in demo mode."""
 
 import functools
+import uuid
 from datetime import timedelta
 from decimal import Decimal
 
@@ -16,9 +17,9 @@ from demo.models import (
     ShopAccount, SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel, SimWebhookReceipt,
 )
 from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from operations.models import ProcessHeartbeat, ProcessRole
+from operations.models import OpenStream, ProcessHeartbeat, ProcessRole
 from runs_app.models import ContextSummary, Run, RunEvent, Step, StepKind
-from sessions_app.models import IdempotencyRecord, Message, MessageRole, PendingInput, Session
+from sessions_app.models import IdempotencyRecord, Message, MessageRole, PendingInput, RateCounter, Session
 from tools_app.models import ToolCall, ToolEffect
 
 TEST_PASSWORD = "pw-for-tests"
@@ -274,6 +275,27 @@ class ProcessHeartbeatFactory(factory.django.DjangoModelFactory):
     cluster = "host:1"
     started_at = factory.LazyFunction(timezone.now)
     beat_at = factory.LazyFunction(timezone.now)
+
+
+class OpenStreamFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = OpenStream
+
+    id = factory.LazyFunction(uuid.uuid4)
+    user_id = factory.LazyFunction(lambda: UserFactory().pk)
+    kind = "sse"
+    opened_at = factory.LazyFunction(timezone.now)
+    expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(minutes=5))
+
+
+class RateCounterFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = RateCounter
+
+    key = factory.Sequence(lambda n: f"throttle:user:{n}:3600")
+    start = 1_700_000_000
+    expires = 1_700_007_260
+    count = 1
 
 
 class SimOrderFactory(factory.django.DjangoModelFactory):
