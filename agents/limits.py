@@ -221,6 +221,16 @@ class LimitVerdict:
         strictest = max(asked, key=lambda limit: (TIER_ORDER[limit["over"]], limit.get("approvers", 1)))
         return strictest["over"], strictest.get("approvers", 1) if strictest["over"] == ApprovalRequirement.OPERATOR else 1
 
+    def guard(self, tool: Tool) -> dict:
+        """What a write records of this verdict (`ToolCall.guard`): the refusal, with the totals, or
+        the totals, the limits crossed and the tier they ask for."""
+        over = [crossed.describe(tool) for crossed in self.crossed]
+        if self.refused:
+            return {"refused": {"code": "limit_refused", "detail": "over the agent's limit: " + "; ".join(over)},
+                    "totals": self.totals}
+        approval, approvers = self.tier()
+        return {"totals": self.totals, "over": over, "approval": approval, "approvers": approvers}
+
 
 def limit_scopes(*, tool: Tool, limits: list[dict], arguments: dict, customer_id, agent_id) -> list[Scope]:
     """The scope each of the tool's limits adds up for this call (in the limits' order)."""

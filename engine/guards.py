@@ -33,6 +33,14 @@ def retried_runs(run: Run) -> list[Run]:
     return lineage
 
 
+def run_scoped_key(tool: Tool, validated, *, run: Run, lineage: list[Run]) -> str:
+    """The key of a write without a business key: a hash of the first run of its retry line, the tool
+    and the arguments — with ":retry<n>" in a retry (`lineage`: the runs it retries, newest first),
+    so a write its predecessors never applied is sent under a key of its own."""
+    base = tool.idempotency_key_for(run_id=lineage[-1].pk if lineage else run.id, arguments=validated)
+    return f"{base}{RETRY_KEY_MARK}{len(lineage)}" if lineage else base
+
+
 def scope_spent(tool: Tool, scope, since, *, exclude_pk=None) -> tuple[Decimal, int]:
     """What a limit's scope holds in its window before a call (tools_app.selectors.writes_spent)."""
     return writes_spent(tool_name=tool.name, since=since, per=scope.per, value=scope.value, amount_argument=tool.amount,
@@ -82,9 +90,7 @@ def write_recheck(*, run: Run, call: ToolCall, tool: Tool, arguments: dict, vali
     elif business_key is not None:
         idempotency_key = call.idempotency_key
     else:
-        lineage = retried_runs(run)
-        base = tool.idempotency_key_for(run_id=lineage[-1].pk if lineage else run.id, arguments=validated)
-        idempotency_key = f"{base}{RETRY_KEY_MARK}{len(lineage)}" if lineage else base
+        idempotency_key = run_scoped_key(tool, validated, run=run, lineage=retried_runs(run))
     version = run_agent_version(run)
     limits = ((version.limits or {}) if version is not None else {}).get(tool.name)
     guard = call.guard
@@ -93,13 +99,9 @@ def write_recheck(*, run: Run, call: ToolCall, tool: Tool, arguments: dict, vali
                               customer_id=session_customer(str(run.session_id)).id,
                               agent_id=version.agent_id)
         state.business_keys_lock([scope.lock_key() for scope in scopes])
-        verdict = limit_verdict(tool=tool, limits=limits, scopes=scopes, arguments=arguments,
-                                spent=lambda scope, since: scope_spent(tool, scope, since, exclude_pk=call.pk))
-        over = [crossed.describe(tool) for crossed in verdict.crossed]
-        if verdict.refused:
-            refused = "over the agent's limit: " + "; ".join(over)
-        approval, approvers = verdict.tier()
-        guard = {"totals": verdict.totals, "over": over, "approval": approval, "approvers": approvers}
+        guard = limit_verdict(tool=tool, limits=limits, scopes=scopes, arguments=arguments,
+                              spent=lambda scope, since: scope_spent(tool, scope, since, exclude_pk=call.pk)).guard(tool)
+        refused = guard["refused"]["detail"] if "refused" in guard else ""
     requirement = with_limits(approval_requirement(version=version, tool=tool, arguments=arguments), guard, tool.name)
     return Recheck(business_key=business_key, idempotency_key=idempotency_key, guard=guard, refused=refused,
                    requirement=requirement)

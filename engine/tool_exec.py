@@ -33,7 +33,7 @@ from engine import state
 from engine.actions.approvals import approval_expire, approval_request, tool_call_close_for_decision
 from engine.checkpoint import Checkpoint, CheckpointStale, StopDriving, budget_left
 from engine.faults import fault_point
-from engine.guards import RETRY_KEY_MARK, key_base, retried_runs, scope_spent, with_limits
+from engine.guards import RETRY_KEY_MARK, key_base, retried_runs, run_scoped_key, scope_spent, with_limits
 from engine.interjections import inputs_at_safe_point
 from engine.lease import Heartbeat
 from engine.state import (
@@ -181,7 +181,6 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
                                          status=ToolCallStatus.SUCCEEDED, idempotency_key__isnull=False,
                                          business_key__isnull=True)
     } if lineage and keyless else {}
-    key_scope = lineage[-1].pk if lineage else run.id  # the first run of a line of retries
     rows: list[ToolCall] = []
     for position, call in enumerate(proposed):
         tool = tool_get(call.name)
@@ -194,9 +193,9 @@ def tool_calls_create(*, run: Run, step: Step, proposed: list, lease: Lease) -> 
             _business_key_decide(row, asked_before.setdefault(row.business_key, []),
                                  retried_runs={r.pk for r in lineage})
         elif tool.effect == ToolEffect.WRITE:
-            base = tool.idempotency_key_for(run_id=key_scope, arguments=tool.arguments.model_validate(call.arguments))
             # A retry that makes a write its predecessor did not apply sends a key of its own.
-            key = f"{base}{RETRY_KEY_MARK}{len(lineage)}" if lineage else base
+            key = run_scoped_key(tool, tool.arguments.model_validate(call.arguments), run=run, lineage=lineage)
+            base = key_base(key)
             if key in existing:
                 row.reused_from = existing[key]
             elif base in applied_before:
@@ -270,15 +269,10 @@ def _guard_one(row: ToolCall, *, caps, earlier: int, admitted: int, scopes_of, l
             more_total, more_count = this_turn.get(scope.lock_key(), (Decimal("0"), 0))
             return total + more_total, count + more_count
 
-        verdict = limit_verdict(tool=tool, limits=limits_of[row.tool_name], scopes=scopes, arguments=row.arguments,
-                                spent=spent)
-        over = [crossed.describe(tool) for crossed in verdict.crossed]
-        if verdict.refused:
-            row.guard = {"refused": {"code": "limit_refused", "detail": "over the agent's limit: " + "; ".join(over)},
-                         "totals": verdict.totals}
+        row.guard = limit_verdict(tool=tool, limits=limits_of[row.tool_name], scopes=scopes, arguments=row.arguments,
+                                  spent=spent).guard(tool)
+        if "refused" in row.guard:
             return
-        approval, approvers = verdict.tier()
-        row.guard = {"totals": verdict.totals, "over": over, "approval": approval, "approvers": approvers}
         amount, _ = tool.money_of(row.arguments)
         for scope in scopes:
             total, count = this_turn.get(scope.lock_key(), (Decimal("0"), 0))

@@ -134,13 +134,13 @@ def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_us
     reason = " ".join((reason or "").split())
     approval = Approval.objects.select_related("run__session", "tool_call").get(pk=approval.pk)
     call = approval.tool_call
+    refusal = access.why_not_an_editor(user=acting_user, approval=approval)
+    if refusal:
+        raise WardenError(ApprovalRefusal.NOT_PERMITTED, refusal)
     if tool_name is not None and tool_name != call.tool_name:
         raise WardenError(ApprovalRefusal.TOOL_CHANGE_REFUSED,
                           f"An edit may change the arguments of this {call.tool_name} call, not the tool ({tool_name!r}). "
                           "Reject it instead, and say what the customer should ask for.")
-    refusal = access.why_not_an_editor(user=acting_user, approval=approval)
-    if refusal:
-        raise WardenError(ApprovalRefusal.NOT_PERMITTED, refusal)
     if approval.status != ApprovalStatus.PENDING:
         raise WardenError(ApprovalRefusal.ALREADY_DECIDED, f"Already {approval.status}: it can no longer be edited.")
     if approval.expires_at <= timezone.now():

@@ -13,6 +13,7 @@ from approvals_app.models import Approval, ApprovalStatus
 from approvals_app.selectors import run_outcome
 from approvals_app.services import audit_record
 from config.errors import WardenError
+from engine.guards import retried_runs
 from engine.queue import run_enqueue
 from engine.state import (
     approval_close, input_consume, run_create, run_ending_outcome, run_event_append, run_row_lock, run_transition,
@@ -132,10 +133,7 @@ def run_fork(*, run: Run, acting_user, reason: str = "") -> Run:
 
 def _input_of(run: Run) -> Message | None:
     """The customer's message that started `run` — or the run it retries, and so on back."""
-    ids, current = [run.pk], run
-    while current.retry_of_id is not None:
-        current = Run.objects.only("id", "retry_of_id").get(pk=current.retry_of_id)
-        ids.append(current.pk)
+    ids = [run.pk, *(parent.pk for parent in retried_runs(run))]
     return Message.objects.filter(run_id__in=ids, role=MessageRole.USER).order_by("seq").first()
 
 
