@@ -8,6 +8,7 @@ from typing import Literal
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
+from config.pagination import CURSOR_PATTERN
 from config.errors import CommonRefusal, WardenError
 from approvals_app.errors import ApprovalRefusal
 from api.errors import not_found
@@ -16,6 +17,7 @@ from approvals_app.selectors import approval_get, approval_list
 from approvals_app.services import approval_approvers
 from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ShownJSON, StorableJSON, StorableText, errors
 from engine.actions.approvals import EDIT_REASON_CHARS, approval_decide, approval_edit
+from config.fair_share import session_turn
 from access import policy as access
 from runs_app.events import OPERATOR_ROLE
 from tools_app.models import ToolCallStatus
@@ -139,7 +141,8 @@ def approvals_list(
     status: list[ApprovalStatus] = Query([ApprovalStatus.PENDING], description="default pending; repeat for several"),
     decidable: bool = Query(True, description="only those the caller may decide now; false: all the caller may see"),
     run: uuid.UUID | None = None,
-    cursor: str | None = Query(None, max_length=500),
+    cursor: str | None = Query(None, max_length=60, pattern=CURSOR_PATTERN,
+                                 description="`next_cursor` of the page before"),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ):
     """By default the caller's queue: pending approvals they may decide, oldest first —
@@ -176,8 +179,9 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # The sweeper has not closed it yet, but its time is up: no decision can count now.
         raise WardenError(ApprovalRefusal.EXPIRED, "This approval request has expired.")
-    approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth,
-                    customer_message=payload.customer_message)
+    with session_turn(approval.run.session_id):
+        approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth,
+                        customer_message=payload.customer_message)
     return _visible_approval(request, approval_id)
 
 
@@ -194,6 +198,7 @@ def approvals_edit(request, approval_id: uuid.UUID, payload: EditIn):
     run keeps waiting for that decision. 422 `invalid_edit` (with the reason) or
     `tool_change_refused` leaves everything as it was."""
     approval = _visible_approval(request, approval_id)
-    approval_edit(approval=approval, arguments=payload.arguments, reason=payload.reason, acting_user=request.auth,
-                  tool_name=payload.tool)
+    with session_turn(approval.run.session_id):
+        approval_edit(approval=approval, arguments=payload.arguments, reason=payload.reason, acting_user=request.auth,
+                      tool_name=payload.tool)
     return _visible_approval(request, approval_id)

@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from config.pagination import CURSOR_PATTERN
 from config.errors import CommonRefusal, WardenError
 from api.errors import not_found
 from access import policy as access
@@ -24,6 +25,7 @@ from api.tool_calls import ToolCallOut
 from approvals_app.selectors import approvals_of_run
 from engine.actions.cancel import run_cancel_request
 from engine.actions.runs import run_fork, run_retry
+from config.fair_share import session_turn
 from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_event_list, run_get, run_list, run_recent_events, run_steps, run_wait_clock
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
@@ -281,7 +283,8 @@ def runs_list(
     session: uuid.UUID | None = None,
     created_after: Timestamp | None = Query(None, description="inclusive, ISO 8601 (UTC if no offset)"),
     created_before: Timestamp | None = Query(None, description="exclusive"),
-    cursor: str | None = Query(None, max_length=500),
+    cursor: str | None = Query(None, max_length=60, pattern=CURSOR_PATTERN,
+                                 description="`next_cursor` of the page before"),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ):
     """Runs the caller may see, newest first. Filters combine; pages continue with `cursor`.
@@ -327,7 +330,8 @@ def runs_cancel(request, run_id: uuid.UUID, payload: CancelIn | None = None):
     run = _visible_run(request, run_id)
     if not access.can_cancel_run(user=request.auth, run=run, even_if_ended=True):
         raise WardenError(CommonRefusal.NOT_PERMITTED, "You may not cancel this run.")
-    run = run_cancel_request(run=run, acting_user=request.auth, reason=payload.reason if payload else "")
+    with session_turn(run.session_id):
+        run = run_cancel_request(run=run, acting_user=request.auth, reason=payload.reason if payload else "")
     run.refresh_from_db()
     return Status(202, run)
 
@@ -343,7 +347,8 @@ def runs_retry(request, run_id: uuid.UUID, payload: RetryIn | None = None):
     budgets = None
     if payload is not None and payload.budgets is not None:
         budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}
-    retry = run_retry(run=run, acting_user=request.auth, budgets=budgets, reason=payload.reason if payload else "")
+    with session_turn(run.session_id):
+        retry = run_retry(run=run, acting_user=request.auth, budgets=budgets, reason=payload.reason if payload else "")
     return Status(201, retry)
 
 
@@ -427,7 +432,8 @@ def runs_events_stream(
     request,
     run_id: uuid.UUID,
     after: int = Query(0, ge=0, le=MAX_BIGINT, description="start after this seq (Last-Event-ID wins if both are sent)"),
-    last_event_id: int | None = Header(None, alias="Last-Event-ID", ge=0, le=MAX_BIGINT),
+    # `int`, not `int | None`: a header is a digit string or absent (the schema promised "null").
+    last_event_id: int = Header(None, alias="Last-Event-ID", ge=0, le=MAX_BIGINT),
     max_seconds: int = Query(300, ge=1, le=3600, description="end the stream after this long; reconnect to continue"),
 ):
     """Streams the run's events as they are committed, catching up from `after` /

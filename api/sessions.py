@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 from ninja import Field, Query, Router, Schema, Status
 
+from config.pagination import CURSOR_PATTERN
 from config.errors import CommonRefusal, WardenError
+from config.fair_share import session_turn
 from api.errors import not_found
 from agents.errors import AgentRefusal
 from api.base import (
@@ -114,7 +116,7 @@ class SessionIn(BodyIn):
 
 class BudgetsIn(BodyIn):
     """Limits of the run a message starts. Each is capped by the deployment (WARDEN_MODEL_CALLS_CAP,
-    WARDEN_TOKENS_CAP, WARDEN_DEADLINE_CAP_SECONDS; 422 `budget_over_cap` above one) unless the caller
+    WARDEN_TOKENS_CAP, WARDEN_DEADLINE_CAP_SECONDS; 403 `budget_over_cap` above one) unless the caller
     has runs_app.exceed_budget_caps; the bounds below hold for everyone."""
     max_model_calls: int | None = Field(None, ge=1, le=1000)
     max_tokens: int | None = Field(None, ge=1, le=10_000_000)
@@ -160,7 +162,7 @@ def _session_detail_out(session) -> SimpleNamespace:
     )
 
 
-@router.post("", response={201: SessionOut, **errors(400, 401, 422)}, summary="Create a session")
+@router.post("", response={201: SessionOut, **errors(400, 401, 404, 422)}, summary="Create a session")
 def sessions_create(request, payload: SessionIn):
     agent = None
     if payload.agent is not None:
@@ -176,7 +178,8 @@ def sessions_create(request, payload: SessionIn):
 @router.get("", response={200: SessionPage, **COMMON_ERRORS}, summary="List sessions")
 def sessions_list(
     request,
-    cursor: str | None = Query(None, max_length=500),
+    cursor: str | None = Query(None, max_length=60, pattern=CURSOR_PATTERN,
+                                 description="`next_cursor` of the page before"),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ):
     """Sessions the caller may see (their own, or all with sessions_app.view_session), newest first."""
@@ -211,7 +214,7 @@ def sessions_messages(
 def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
     """With no active run the message starts one (201, queued for a worker). While a run is
     active the input is stored and the run reads it at its next safe point (202): never lost,
-    never a second concurrent run. Budgets above the deployment's caps: 422 `budget_over_cap`
+    never a second concurrent run. Budgets above the deployment's caps: 403 `budget_over_cap`
     naming the cap, unless the caller has runs_app.exceed_budget_caps."""
     session = _visible_session(request, session_id)
     if not access.can_post_in_session(user=request.auth, session=session):
@@ -219,7 +222,9 @@ def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
     budgets = None
     if payload.budgets is not None:
         budgets = {key: value for key, value in payload.budgets.model_dump().items() if value is not None}
-    result = message_post(session=session, content=payload.content, mode=payload.mode, acting_user=request.auth, budgets=budgets)
+    with session_turn(session.pk):  # the session's other posts first, waiting without a connection
+        result = message_post(session=session, content=payload.content, mode=payload.mode, acting_user=request.auth,
+                              budgets=budgets)
     pending = result.pending_input
     if pending is not None:
         # An intent switch while nothing was running has already cancelled the run and started

@@ -10,7 +10,9 @@ from django.core.exceptions import ObjectDoesNotExist
 from ninja import Field, Query, Router, Schema
 
 from tools_app.errors import ToolCallRefusal
+from config.pagination import CURSOR_PATTERN
 from config.errors import CommonRefusal, WardenError
+from config.fair_share import session_turn
 from api.errors import not_found
 from api.base import COMMON_ERRORS, BodyIn, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, ShownJSON, StorableJSON, StorableText, errors
 from tools_app.models import Resolution, ToolCallStatus, ToolEffect
@@ -143,7 +145,8 @@ def tool_calls_list(
     status: list[ToolCallStatus] = Query(None, description="e.g. unknown; repeat for several"),
     run: uuid.UUID | None = None,
     tool: str | None = Query(None, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$"),
-    cursor: str | None = Query(None, max_length=500),
+    cursor: str | None = Query(None, max_length=60, pattern=CURSOR_PATTERN,
+                                 description="`next_cursor` of the page before"),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ):
     """Tool calls the caller may see, newest first. `?status=unknown` is the reconciliation queue."""
@@ -167,8 +170,9 @@ def tool_calls_resolve(request, tool_call_id: uuid.UUID, payload: ResolveIn):
     the run resumes once none of its calls is unknown. 403 in one's own session (four eyes);
     409 unless the call is `unknown`."""
     call = _reconcilable(request, tool_call_id)
-    tool_call_resolve(tool_call=call, applied=payload.applied, evidence=payload.evidence, result=payload.result,
-                      acting_user=request.auth)
+    with session_turn(call.run.session_id):
+        tool_call_resolve(tool_call=call, applied=payload.applied, evidence=payload.evidence, result=payload.result,
+                          acting_user=request.auth)
     return _visible_call(request, tool_call_id)
 
 
@@ -182,5 +186,6 @@ def tool_calls_reconcile(request, tool_call_id: uuid.UUID):
     scheduled job. `manual` means the tool cannot tell: resolve it with evidence instead.
     403 in one's own session (four eyes)."""
     call = _reconcilable(request, tool_call_id)
-    outcome = tool_call_reconcile_auto(tool_call=call, acting_user=request.auth)
+    with session_turn(call.run.session_id):
+        outcome = tool_call_reconcile_auto(tool_call=call, acting_user=request.auth)
     return {"outcome": outcome, "tool_call": _visible_call(request, tool_call_id)}

@@ -454,6 +454,10 @@ for _alias in DATABASES.values():
 # progress in one web process at once (config/fair_share.py); default half of WARDEN_DB_POOL_SIZE;
 # 0 (and always without a pool) turns it off.
 WARDEN_DB_FAIR_SHARE = (_env_int("WARDEN_DB_FAIR_SHARE", max(1, WARDEN_DB_POOL_SIZE // 2)) if WARDEN_DB_POOL_SIZE else 0)
+# WARDEN_SESSION_TURN_WAIT: seconds a request's write to a session waits for the same process's other
+# writes to that session (without a database connection, config/fair_share.session_turn) before it
+# is answered 503 try_again; default 30.
+WARDEN_SESSION_TURN_WAIT = float(os.environ.get("WARDEN_SESSION_TURN_WAIT", "30"))
 
 # WARDEN_LOG_FORMAT: `json` (one JSON object a line, with run_id, session_id, tool_call_id and
 # lease_token when known) or `plain` (for development); default json.

@@ -11,6 +11,7 @@ from config.storable import storable_text
 from config.throttling import user_write_throttled
 from engine.actions.approvals import approval_decide
 from engine.actions.cancel import run_cancel_request
+from config.fair_share import session_turn
 from engine.actions.messages import PostResult, message_post
 from engine.actions.sessions import session_open
 from runs_app.models import Run
@@ -79,7 +80,8 @@ def console_message_post(*, user, session_id, content: str, mode: str) -> PostRe
         raise WardenError(CommonRefusal.NOT_PERMITTED, "Only the session's owner can write in it.")
     content = console_text(content, field="message", limit=MAX_MESSAGE_CHARS)
     console_write_counted(user)
-    return message_post(session=session, content=content, mode=mode or InputMode.AUTO, acting_user=user)
+    with session_turn(session.pk):  # the session's other posts first, waiting without a connection
+        return message_post(session=session, content=content, mode=mode or InputMode.AUTO, acting_user=user)
 
 
 def console_run_cancel(*, user, run_id, reason: str = "") -> Run:
@@ -88,7 +90,8 @@ def console_run_cancel(*, user, run_id, reason: str = "") -> Run:
         raise WardenError(CommonRefusal.NOT_PERMITTED, "Only the session's owner or an operator can cancel this run.")
     reason = console_text(reason, field="reason", limit=CANCEL_REASON_CHARS)
     console_write_counted(user)
-    return run_cancel_request(run=run, acting_user=user, reason=reason or "cancelled from the console")
+    with session_turn(run.session_id):
+        return run_cancel_request(run=run, acting_user=user, reason=reason or "cancelled from the console")
 
 
 def console_approval_decide(*, user, approval_id, decision: str, note: str = "") -> Approval:
