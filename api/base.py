@@ -3,13 +3,14 @@ cannot crash the database, and keyset cursors. The API itself is assembled in ap
 
 import re
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
 from django.conf import settings
 from ninja import Schema
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
+from typing_extensions import TypeAliasType
 
 from config.errors import WardenError
 from api.errors import ApiRefusal
@@ -55,9 +56,42 @@ class BodyIn(BaseModel):
     answers them with a validation error (422, `type: model_type`) naming where."""
 
 
-StorableText = Annotated[str, AfterValidator(storable_text)]
+# What text PostgreSQL stores, as the schema says it (issue 27, finding 11: the schema promised NUL,
+# which storable_text refuses): any character but NUL. (Lone surrogates, refused too, are not
+# characters UTF-8 can carry; a JSON Schema regex cannot name them.)
+TEXT_PATTERN = "^[^\\u0000]*$"
+
+
+class _TextPattern:
+    """Puts TEXT_PATTERN in a string's JSON schema; the validators check it (with clearer words)."""
+
+    def __get_pydantic_json_schema__(self, core_schema, handler):
+        schema = handler(core_schema)
+        schema["pattern"] = TEXT_PATTERN
+        return schema
+
+
+class _Closed:
+    """An object's JSON schema allows no keys but those its patternProperties name."""
+
+    def __get_pydantic_json_schema__(self, core_schema, handler):
+        schema = handler(core_schema)
+        schema["additionalProperties"] = False
+        return schema
+
+
+_Key = Annotated[str, _TextPattern()]
+# A stored JSON value as the schema describes it: its strings and keys are storable text (depth and
+# size are checked by storable_json; JSON Schema has no words for them).
+StorableValue = TypeAliasType("StorableValue", Union[
+    Annotated[str, _TextPattern()], int, float, bool, None, list["StorableValue"],
+    Annotated[dict[_Key, "StorableValue"], _Closed()]])
+
+StorableText = Annotated[str, AfterValidator(storable_text), _TextPattern()]
 # A JSON object from outside: at most JSON_MAX_DEPTH deep and JSON_MAX_CHARS long, no NUL (422 otherwise).
-StorableJSON = Annotated[dict[str, Any], AfterValidator(storable_json)]
+# Validated by storable_json alone (fast, and its words); the schema is StorableValue's.
+StorableJSON = Annotated[dict[str, Any], AfterValidator(storable_json),
+                         BeforeValidator(lambda value: value, json_schema_input_type=Annotated[dict[_Key, StorableValue], _Closed()])]
 # A stored document as a read returns it: anything deeper than the limit replaced by a marker.
 ShownJSON = Annotated[Any, BeforeValidator(json_shown)]
 

@@ -37,7 +37,7 @@ run), `sessions_app.view_session` (read any session), `approvals_app.decide_appr
 decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unknown tool calls),
 `approvals_app.freeze_money` (freeze and unfreeze an agent's, a tool's or a customer's writes). Four
 eyes: neither decision is yours to make in your own session. A message's `budgets` are capped by the
-deployment (422 `budget_over_cap` names the cap) unless you have `runs_app.exceed_budget_caps`.
+deployment (403 `budget_over_cap` names the cap) unless you have `runs_app.exceed_budget_caps`.
 Whatever you may not see answers 404.
 
 **Retries.** Send an `Idempotency-Key` header (1–255 characters, e.g. a UUID) with any POST: the

@@ -40,8 +40,8 @@ def _too_deep(value, limit: int) -> bool:
 
 
 def json_problem(value) -> str:
-    """Why `value` may not be stored ("" when it may): too deep, too long, or holding NUL (which
-    PostgreSQL's jsonb cannot)."""
+    """Why `value` may not be stored ("" when it may): too deep, too long, or holding NUL or a lone
+    surrogate (which PostgreSQL's jsonb cannot)."""
     if _too_deep(value, JSON_MAX_DEPTH):
         return f"must not be nested deeper than {JSON_MAX_DEPTH} levels"
     text = json.dumps(value, default=str)
@@ -49,6 +49,10 @@ def json_problem(value) -> str:
         return f"must be at most {JSON_MAX_CHARS} characters as JSON"
     if "\\u0000" in text:
         return "must not contain NUL characters"
+    try:
+        json.dumps(value, default=str, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (no lone surrogates)"
     return ""
 
 

@@ -7,4 +7,4 @@ class RunRefusal(Refusal):
     RUN_TERMINAL = "run_terminal", 409  # nothing to cancel: the run ended
     NOT_RETRYABLE = "not_retryable", 409
     NOT_FORKABLE = "not_forkable", 409
-    BUDGET_OVER_CAP = "budget_over_cap", 422
+    BUDGET_OVER_CAP = "budget_over_cap", 403  # a permission: runs_app.exceed_budget_caps may go above

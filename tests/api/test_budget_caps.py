@@ -1,6 +1,6 @@
 """Per-request budgets are capped (SPEC §17; issue 12, finding 5: customers raised their own budgets
 50× — `max_model_calls: 1000`, `max_tokens: 1e7`, `deadline_seconds: 604800` were accepted). Above a
-configured cap the request is a 422 naming the cap; only runs_app.exceed_budget_caps lets a caller
+configured cap the request is a 403 naming the cap; only runs_app.exceed_budget_caps lets a caller
 go above; the run records who set its budgets, and the API and the admin show it."""
 
 from datetime import timedelta
@@ -26,10 +26,10 @@ def post(api, session, budgets):
 
 
 @pytest.mark.parametrize("field", list(FINDING))
-def test_a_budget_above_its_cap_is_422_naming_the_cap_and_writes_nothing(alice, alice_api, field):
+def test_a_budget_above_its_cap_is_403_naming_the_cap_and_writes_nothing(alice, alice_api, field):
     session = SessionFactory(owner=alice)
     response = post(alice_api, session, {field: FINDING[field]})
-    assert response.status_code == 422, response.content
+    assert response.status_code == 403, response.content
     body = response.json()
     setting, cap = CAPS[field]
     assert body["code"] == "budget_over_cap"
@@ -43,14 +43,14 @@ def test_a_budget_above_its_cap_is_422_naming_the_cap_and_writes_nothing(alice, 
 
 def test_every_budget_over_its_cap_is_listed(alice, alice_api):
     response = post(alice_api, SessionFactory(owner=alice), FINDING)
-    assert response.status_code == 422
+    assert response.status_code == 403
     assert [f["field"] for f in response.json()["fields"]] == [f"body.budgets.{field}" for field in FINDING]
 
 
 def test_input_for_an_active_run_with_budgets_over_the_cap_is_refused_too(alice, alice_api):
     session = SessionFactory(owner=alice)
     RunFactory(session=session, status="waiting", phase="", wait_reason="approval")
-    assert post(alice_api, session, {"max_model_calls": 1000}).status_code == 422
+    assert post(alice_api, session, {"max_model_calls": 1000}).status_code == 403
     assert not PendingInput.objects.filter(session=session).exists()
 
 
@@ -69,7 +69,7 @@ def test_the_caps_are_settings(alice, alice_api, settings):
     settings.WARDEN_MODEL_CALLS_CAP = 5
     session = SessionFactory(owner=alice)
     refused = post(alice_api, session, {"max_model_calls": 6})
-    assert refused.status_code == 422 and "at most 5 (the cap WARDEN_MODEL_CALLS_CAP)" in refused.json()["message"]
+    assert refused.status_code == 403 and "at most 5 (the cap WARDEN_MODEL_CALLS_CAP)" in refused.json()["message"]
     assert post(alice_api, session, {"max_model_calls": 5}).status_code == 201
 
 
@@ -78,7 +78,7 @@ def test_only_the_exceed_budget_caps_permission_lets_a_caller_go_above(alice, al
                      ("approvals_app", "decide_approval"), ("tools_app", "reconcile_toolcall"))
     # No other operator power opens the caps: in their own session ops are capped like anyone.
     ops_api = Api(ApiKeyFactory(owner=operator).secret)
-    assert post(ops_api, SessionFactory(owner=operator), FINDING).status_code == 422
+    assert post(ops_api, SessionFactory(owner=operator), FINDING).status_code == 403
 
     grant(alice, ("runs_app", "exceed_budget_caps"))
     response = post(alice_api, SessionFactory(owner=alice), FINDING)
@@ -118,7 +118,7 @@ def test_retrying_a_run_cannot_raise_its_budgets_above_the_caps(alice, alice_api
     ended = RunFactory(session=SessionFactory(owner=alice), status="cancelled", phase="", wait_reason="",
                        finished_at=timezone.now())
     response = retry(alice_api, ended, {"max_model_calls": 1000, "max_tokens": 10_000_000})
-    assert response.status_code == 422, response.content
+    assert response.status_code == 403, response.content
     body = response.json()
     assert body["code"] == "budget_over_cap"
     assert {f["field"] for f in body["fields"]} == {"body.budgets.max_model_calls", "body.budgets.max_tokens"}

@@ -124,15 +124,31 @@ def test_bad_run_list_parameters_are_422(alice_api, params, field):
     assert field in [f["field"] for f in body["fields"]]
 
 
-@pytest.mark.parametrize("cursor", ["garbage!", "W10", "WyJ4IiwieSJd", "WyIyMDI1LTAxLTAxIiwibm90LWEtdXVpZCJd", "bnVsbA"])
+@pytest.mark.parametrize("cursor", ["garbage!", "W10", "WyJ4IiwieSJd", "WyIyMDI1LTAxLTAxIiwibm90LWEtdXVpZCJd", "bnVsbA",
+                                    "1_" + "g" * 32, "123456789012345678_" + "0" * 32])
 def test_damaged_cursors_are_422(alice_api, cursor):
-    body = assert_error(alice_api.get("/runs", {"cursor": cursor}), 422, "invalid_cursor")
+    body = assert_error(alice_api.get("/runs", {"cursor": cursor}), 422, "validation_error")
     assert body["fields"][0]["field"] == "query.cursor"
 
 
 @pytest.mark.parametrize("path", ["/sessions", "/tool-calls", "/approvals"])
 def test_damaged_cursors_on_every_list_are_422(alice_api, path):
-    assert_error(alice_api.get(path, {"cursor": "WyJ4Il0"}), 422, "invalid_cursor")
+    assert_error(alice_api.get(path, {"cursor": "WyJ4Il0"}), 422, "validation_error")
+
+
+@pytest.mark.parametrize("path", ["/runs", "/sessions", "/tool-calls", "/approvals"])
+def test_every_cursor_the_schema_allows_is_a_position(world, alice_api, path):
+    """The schema's pattern is the whole rule (issue 27, finding 11): the earliest and the latest
+    positions it can name are pages, not refusals."""
+    everything = [item["id"] for item in alice_api.get(path).json()["items"]]
+    assert everything
+    pages = []
+    for cursor in ("0_" + "0" * 32, "99999999999999999_" + "f" * 32):
+        response = alice_api.get(path, {"cursor": cursor})
+        assert response.status_code == 200, response.content
+        pages.append([item["id"] for item in response.json()["items"]])
+    # Newest first (approvals: oldest first): one end of time is the whole list, the other nothing.
+    assert sorted(pages) == [[], everything]
 
 
 @pytest.mark.parametrize("after", [-1, 2**63, "1e3"])
