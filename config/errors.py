@@ -38,6 +38,11 @@ class CommonRefusal(Refusal):
     TRY_AGAIN = "try_again", 503  # the database rolled the change back or is unreachable: send it again
 
 
+class StartupRefused(Exception):
+    """A setting Warden cannot start with; manage.py and the web server print it as one line (no
+    traceback) and exit."""
+
+
 class WardenError(Exception):
     """A refusal: nothing was written. `fields` (for input) name where: `body.<name>`,
     `query.<name>`, `path.<name>` or `header.<name>`; `headers` go on an HTTP answer (Retry-After)."""

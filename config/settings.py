@@ -352,10 +352,13 @@ WARDEN_COST_CURRENCY = os.environ.get("WARDEN_COST_CURRENCY", "USD")
 WARDEN_DESK_REFRESH_SECONDS = _env_int("WARDEN_DESK_REFRESH_SECONDS", 30)
 
 # WARDEN_TOOL_MODULES: comma-separated dotted paths of the modules that register the deployment's
-# tools (imported at start-up); default none — in demo mode, the demo world's tools.
+# tools (imported at start-up; one that cannot be stops it, in one line naming it); default none.
+# Demo mode keeps the demo world's tools whatever this adds (issue 28).
 WARDEN_TOOL_MODULES = [
-    m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "demo.tools" if WARDEN_DEMO else "").split(",") if m.strip()
+    m.strip() for m in os.environ.get("WARDEN_TOOL_MODULES", "").split(",") if m.strip()
 ]
+if WARDEN_DEMO and "demo.tools" not in WARDEN_TOOL_MODULES:
+    WARDEN_TOOL_MODULES.insert(0, "demo.tools")
 if not WARDEN_DEMO and any(m == "demo" or m.startswith("demo.") for m in WARDEN_TOOL_MODULES):
     raise RuntimeError("WARDEN_TOOL_MODULES names the demo world's tools, which exist only in demo mode: set WARDEN_DEMO=1 or remove them.")
 # Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.

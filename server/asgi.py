@@ -3,12 +3,17 @@ import os
 from django.conf import settings
 from django.core.asgi import get_asgi_application
 
+from config.errors import StartupRefused
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 if not settings.configured:
     # Loaded first by a web server (daphne): its database connections come from a pool
     # (WARDEN_DB_POOL_SIZE in config/settings.py). Not so when a test imports this module later.
     os.environ["WARDEN_WEB_SERVER"] = "1"
-django_asgi_app = get_asgi_application()  # set up Django before importing consumers
+try:
+    django_asgi_app = get_asgi_application()  # set up Django before importing consumers
+except StartupRefused as refused:
+    raise SystemExit(f"warden: {refused}") from None
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
