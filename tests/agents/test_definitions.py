@@ -145,7 +145,7 @@ def test_the_api_defines_versions_and_binds_sessions_to_an_agent(agent_admin_api
     session = customer.post("/sessions", {"title": "refund", "agent": "refunds"})
     assert session.status_code == 201 and session.json()["agent"] == "refunds"
     unknown = customer.post("/sessions", {"title": "refund", "agent": "nope"})
-    assert unknown.status_code == 422 and unknown.json()["fields"][0]["field"] == "body.agent"
+    assert unknown.status_code == 404 and unknown.json()["fields"][0]["field"] == "body.agent"
 
 
 def test_new_sessions_get_the_default_agent(agent_admin, settings):
