@@ -40,7 +40,7 @@ def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
     return {status: ErrorOut for status in (*statuses, 429)}
 
 
-# Every authenticated operation can answer these (400: a query parameter it does not take, api/v1.py).
+# Every authenticated operation can answer these (422 also for a query parameter it does not take, api/v1.py).
 COMMON_ERRORS = errors(400, 401, 404, 422)
 
 

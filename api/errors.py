@@ -27,7 +27,7 @@ class ApiRefusal(Refusal):
     """What only the HTTP API refuses (the apps' own refusals: their errors.py)."""
 
     MALFORMED_BODY = "malformed_body", 400
-    UNKNOWN_QUERY_PARAMETER = "unknown_query_parameter", 400
+    UNKNOWN_QUERY_PARAMETER = "unknown_query_parameter", 422
     INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key", 400
     INVALID_API_KEY = "invalid_api_key", 401
     API_KEY_REVOKED = "api_key_revoked", 401

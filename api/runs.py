@@ -15,7 +15,7 @@ from config.pagination import CURSOR_PATTERN
 from config.errors import CommonRefusal, WardenError
 from api.errors import not_found
 from access import policy as access
-from agents.selectors import run_agent_version
+from agents.selectors import agent_versions_of, run_agent_version
 from api import streams
 from api.approvals import ApprovalOut
 from api.base import (
@@ -29,7 +29,7 @@ from config.fair_share import session_turn
 from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_event_list, run_get, run_list, run_recent_events, run_steps, run_wait_clock
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
-from tools_app.selectors import applied_effects, tool_calls_of_run
+from tools_app.selectors import SEARCH_LIMIT, applied_effects, run_ids_matching, tool_calls_of_run
 
 router = Router(tags=["runs"])
 
@@ -65,8 +65,13 @@ class RunOut(BaseModel):
     finished_at: datetime | None
 
 
+class RunListItem(RunOut):
+    title: str = Field(description="the session's title")
+    agent: str | None = Field(description="the slug of the agent the run was started with; null: before agents")
+
+
 class RunPage(Schema):
-    items: list[RunOut]
+    items: list[RunListItem]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
 
 
@@ -281,6 +286,11 @@ def runs_list(
     outcome: list[RunOutcome] = Query(None, description="ended runs by outcome; repeat for several "
                                                         "(`not_applied`, `rejected`, `expired`: the writes that did not happen)"),
     session: uuid.UUID | None = None,
+    q: StorableText | None = Query(None, min_length=1, max_length=200, description=(
+        "what the desk's search finds: a business reference or key, an order number or any other tool argument's "
+        "value, an idempotency key, a customer, a session's title, a run, session or tool call id (exact values; "
+        f"at most {SEARCH_LIMIT} runs match)")),
+    agent: str | None = Query(None, max_length=64, description="runs of this agent (its slug; GET /agents)"),
     created_after: Timestamp | None = Query(None, description="inclusive, ISO 8601 (UTC if no offset)"),
     created_before: Timestamp | None = Query(None, description="exclusive"),
     cursor: str | None = Query(None, max_length=60, pattern=CURSOR_PATTERN,
@@ -288,9 +298,15 @@ def runs_list(
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ):
     """Runs the caller may see, newest first. Filters combine; pages continue with `cursor`.
-    `?outcome=not_applied&outcome=rejected&outcome=expired` finds the runs whose write did not happen."""
+    `?outcome=not_applied&outcome=rejected&outcome=expired` finds the runs whose write did not happen;
+    `?q=9527` the runs about order 9527, as the desk's search box does."""
+    runs = access.visible_runs(user=request.auth)
+    if q is not None:
+        runs = runs.filter(pk__in=run_ids_matching(term=q))
+    if agent is not None:
+        runs = runs.filter(agent_version__in=agent_versions_of(slug=agent))
     items, next_cursor = run_list(
-        runs=access.visible_runs(user=request.auth), by_owner=access.runs_by_owner(request.auth), statuses=status,
+        runs=runs, by_owner=access.runs_by_owner(request.auth), statuses=status,
         phase=phase, wait_reason=wait_reason, outcomes=outcome, session_id=session, created_after=created_after,
         created_before=created_before, cursor=cursor, limit=limit,
     )

@@ -112,7 +112,7 @@ def _query_parameters_declared(run):
 
 def _known_query_parameters_only(view_func):
     """(Around an operation's view, after authentication and validation.) Refuse a query parameter
-    the operation does not declare — 400 `unknown_query_parameter`, naming it — instead of
+    the operation does not declare — 422 `unknown_query_parameter`, naming it — instead of
     ignoring it: a misspelt filter (`?stauts=failed`) would otherwise answer as if none had been
     asked for."""
 

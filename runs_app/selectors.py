@@ -4,7 +4,7 @@ policy's queryset, given by the caller), and what ends a run's wait."""
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import BooleanField, IntegerField, Q, QuerySet
+from django.db.models import BooleanField, F, IntegerField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from config.pagination import keyset_page
@@ -15,6 +15,8 @@ RUN_LIST_FIELDS = (
     "id", "session_id", "status", "phase", "wait_reason", "outcome", "model_calls", "tokens_used", "cancel_requested_at",
     "error_code", "created_at", "finished_at",
 )
+# What a list item says besides the run's own columns (issue 28: which agent, about what), by name.
+RUN_LIST_JOINED = {"title": "session__title", "agent": "agent_version__agent__slug"}
 RECENT_EVENTS = 50
 
 
@@ -87,7 +89,7 @@ def run_list(
     the caller may see (access.visible_runs); `by_owner` says it is one customer's runs, so the page
     is read from the owner's index. Rows are dicts: at a page of 200 building model instances costs
     more than the query."""
-    queryset = runs.values(*RUN_LIST_FIELDS)
+    queryset = runs.values(*RUN_LIST_FIELDS, **{name: F(path) for name, path in RUN_LIST_JOINED.items()})
     wanted = set(statuses) if statuses else None
     implied = _implied_statuses(phase=phase, wait_reason=wait_reason)
     if implied is not None:

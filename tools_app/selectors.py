@@ -77,12 +77,12 @@ def _argument_value_path(term: str) -> str:
 
 def tool_calls_matching(*, term: str) -> QuerySet[ToolCall]:
     """Tool calls a desk search for `term` finds: by any argument's value (an order number, an
-    amount, a city), by idempotency key, or by id. Exact values, so every branch is an index look-up."""
+    amount, a city), by business key or idempotency key, or by id. Exact values, so every branch is an index look-up."""
     term = term.strip()
     if not term or "\x00" in term:
         return ToolCall.objects.none()
     matches = Q(RawSQL('"tools_app_toolcall"."arguments" @? %s::jsonpath', [_argument_value_path(term)],
-                       output_field=BooleanField())) | Q(idempotency_key=term)
+                       output_field=BooleanField())) | Q(idempotency_key=term) | Q(business_key=term)
     try:
         matches |= Q(pk=uuid.UUID(term))
     except ValueError:
