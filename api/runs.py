@@ -29,7 +29,7 @@ from config.fair_share import session_turn
 from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_event_list, run_get, run_list, run_recent_events, run_steps, run_wait_clock
 from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
-from tools_app.selectors import SEARCH_LIMIT, applied_effects, run_ids_matching, tool_calls_of_run
+from tools_app.selectors import SEARCH_LIMIT, applied_effects, run_ids_matching, runs_calling, tool_calls_of_run
 
 router = Router(tags=["runs"])
 
@@ -291,6 +291,7 @@ def runs_list(
         "value, an idempotency key, a customer, a session's title, a run, session or tool call id (exact values; "
         f"at most {SEARCH_LIMIT} runs match)")),
     agent: str | None = Query(None, max_length=64, description="runs of this agent (its slug; GET /agents)"),
+    tool: str | None = Query(None, max_length=100, description="runs that called this tool (read or write)"),
     created_after: Timestamp | None = Query(None, description="inclusive, ISO 8601 (UTC if no offset)"),
     created_before: Timestamp | None = Query(None, description="exclusive"),
     cursor: str | None = Query(None, max_length=60, pattern=CURSOR_PATTERN,
@@ -305,6 +306,8 @@ def runs_list(
         runs = runs.filter(pk__in=run_ids_matching(term=q))
     if agent is not None:
         runs = runs.filter(agent_version__in=agent_versions_of(slug=agent))
+    if tool is not None:
+        runs = runs.filter(pk__in=runs_calling(tool_name=tool))
     items, next_cursor = run_list(
         runs=runs, by_owner=access.runs_by_owner(request.auth), statuses=status,
         phase=phase, wait_reason=wait_reason, outcomes=outcome, session_id=session, created_after=created_after,

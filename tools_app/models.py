@@ -127,6 +127,8 @@ class ToolCall(models.Model):
             models.Index(fields=["business_key", "created_at"], condition=Q(business_key__isnull=False),
                          name="tool_call_business_key"),
             models.Index(fields=["resolved_by"], condition=Q(resolved_by__isnull=False), name="tool_call_resolved_by"),
+            # The API's runs by tool (`GET /runs?tool=`): the runs that called it, from the index alone.
+            models.Index(fields=["tool_name", "run"], name="tool_call_tool_run"),
         ]
 
     def __str__(self) -> str:

@@ -90,6 +90,11 @@ def tool_calls_matching(*, term: str) -> QuerySet[ToolCall]:
     return ToolCall.objects.filter(matches)
 
 
+def runs_calling(*, tool_name: str) -> QuerySet:
+    """The ids of the runs that called `tool_name`, as a subquery (the tool_call_tool_run index)."""
+    return ToolCall.objects.filter(tool_name=tool_name).values("run_id")
+
+
 def run_ids_matching(*, term: str, limit: int = SEARCH_LIMIT) -> list:
     """Runs a desk search for `term` finds, by business key: an order number or any other tool
     argument, an idempotency key, the customer (username), the session's title, or an id (run,

@@ -1,6 +1,6 @@
 """The API finds what the desk finds (issue 28): `GET /runs?q=` searches as the desk's search box
 does — by business reference (a tool argument or the business key), order number and idempotency
-key — and `?agent=` narrows to one agent's runs; a customer's search never reaches another's runs;
+key — `?agent=` and `?tool=` narrow to one agent's runs and to the runs that called a tool; a customer's search never reaches another's runs;
 list items carry the session's title and the agent."""
 
 from tests.support.factories import AgentFactory, RunFactory, SessionFactory, ToolCallFactory
@@ -40,6 +40,16 @@ def test_agent_narrows_to_one_agents_runs(alice, alice_api):
     RunFactory(session=SessionFactory(owner=alice), agent_version=helper.current_version)
     assert _ids(alice_api.get("/runs", {"agent": "payout-clerk"})) == [str(by_clerk.pk)]
     assert _ids(alice_api.get("/runs", {"agent": "nobody"})) == []
+
+
+def test_tool_narrows_to_the_runs_that_called_it(alice, alice_api, bob):
+    credited = RunFactory(session=SessionFactory(owner=alice))
+    _credit(credited, reference="INV-9", order="77")
+    ToolCallFactory(step__run=RunFactory(session=SessionFactory(owner=alice)))  # a query_order only
+    _credit(RunFactory(session=SessionFactory(owner=bob)), reference="INV-10", order="78")  # not alice's
+    assert _ids(alice_api.get("/runs", {"tool": "ledger_credit"})) == [str(credited.pk)]
+    assert _ids(alice_api.get("/runs", {"tool": "ledger_credit", "agent": "payout-clerk"})) == []
+    assert _ids(alice_api.get("/runs", {"tool": "no_such_tool"})) == []
 
 
 def test_list_items_say_which_agent_and_about_what(alice, alice_api):
