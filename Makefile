@@ -11,7 +11,7 @@ LOCK := requirements.lock
 PIP_COMPILE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test setup migrate lock bench bench-telemetry bench-api bench-ws soak stop-db clean
+.PHONY: run test setup migrate lock bench bench-concurrent bench-telemetry bench-api bench-ws soak stop-db clean
 
 # Local commands run in demo mode, where the development SECRET_KEY is accepted (config/settings.py);
 # the test suite brings its own key (tests/settings.py).
@@ -59,6 +59,12 @@ bench-api: migrate
 
 bench-ws: migrate
 	$(PY) bench/ws_latency.py
+
+# Issue 34: many runs per worker process on the peers' slow-model workload (../shared/bench/peers:
+# its model server, N conversations, latency L, K tool turns), beside the plain-asyncio ceiling,
+# LangGraph and DBOS in the same run; sizes with SIZES=small,large (bench/concurrent.py --help).
+bench-concurrent: migrate
+	$(PY) bench/concurrent.py
 
 soak: migrate
 	$(PY) bench/chaos_soak.py

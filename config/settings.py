@@ -286,6 +286,17 @@ WARDEN_LEASE_SECONDS = float(os.environ.get("WARDEN_LEASE_SECONDS", 30))
 WARDEN_HEARTBEAT_SECONDS = float(os.environ.get("WARDEN_HEARTBEAT_SECONDS", WARDEN_LEASE_SECONDS / 3))
 # WARDEN_SLICE_SECONDS: how long one task drives a run before yielding it back to the queue; default 40.
 WARDEN_SLICE_SECONDS = float(os.environ.get("WARDEN_SLICE_SECONDS", 40))
+# WARDEN_CANCEL_POLL_SECONDS: how often a worker process looks for cancel requests of the runs it
+# drives (one query for all of them), closing a cancelled run's model call at once; default 0.5.
+WARDEN_CANCEL_POLL_SECONDS = float(os.environ.get("WARDEN_CANCEL_POLL_SECONDS", 0.5))
+# WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT: model calls one process has in flight to one model server at
+# once; more wait for a free slot (within the call's timeout): a slow endpoint cannot take every
+# run's thread; default WARDEN_RUNS_PER_WORKER.
+WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT = max(1, _env_int("WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT",
+                                                         _env_int("WARDEN_RUNS_PER_WORKER", 100)))
+# WARDEN_CUSTOMER_MAX_RUNNING: runs of one customer (a session's owner) running at once across all
+# workers; a run over it stays queued until one of theirs stops running; default 0 (no limit).
+WARDEN_CUSTOMER_MAX_RUNNING = max(0, _env_int("WARDEN_CUSTOMER_MAX_RUNNING", 0))
 # WARDEN_SWEEP_SECONDS: how often the sweeper looks for expired leases, due backoffs and approvals; default 5.
 WARDEN_SWEEP_SECONDS = float(os.environ.get("WARDEN_SWEEP_SECONDS", 5))
 # WARDEN_MAX_MODEL_CALLS: default budget of model calls per run; default 20.
@@ -414,7 +425,9 @@ Q_CLUSTER = {
     # WARDEN_Q_POLL: seconds between broker polls when the doorbell is off (with it, the shortest
     # wait between two looks at the queue without a bell); default 0.05.
     "poll": float(os.environ.get("WARDEN_Q_POLL", 0.05)),
-    "recycle": 500,
+    # Tasks before a worker process is replaced; a task is one slice of one run, and a process
+    # drives WARDEN_RUNS_PER_WORKER of them at once.
+    "recycle": 500 * max(1, _env_int("WARDEN_RUNS_PER_WORKER", 100)),
     "label": "Task queue",
     "cache": "local",
 }
@@ -440,11 +453,19 @@ if WARDEN_Q_DOORBELL and "orm" in Q_CLUSTER:
 WARDEN_DB_CONN_MAX_AGE = _env_int("WARDEN_DB_CONN_MAX_AGE", 60)
 # WARDEN_DB_CONNECT_TIMEOUT: seconds to wait for a new database connection; default 5.
 WARDEN_DB_CONNECT_TIMEOUT = _env_int("WARDEN_DB_CONNECT_TIMEOUT", 5)
+# WARDEN_RUNS_PER_WORKER: runs one worker process drives at once, each in a thread of its own,
+# while the others wait on their model calls (engine/executor.py); default 100; 1 drives one run
+# at a time in the process's main thread, as before issue 34.
+WARDEN_RUNS_PER_WORKER = max(1, _env_int("WARDEN_RUNS_PER_WORKER", 100))
+# WARDEN_WORKER_DB_POOL_SIZE: database connections one worker process holds at most (psycopg's pool,
+# shared by its runs, which give theirs back while they wait on a model or a tool; a worker process
+# switches to it on its first run, engine/executor.py); default 8.
+WARDEN_WORKER_DB_POOL_SIZE = max(2, _env_int("WARDEN_WORKER_DB_POOL_SIZE", 8))
 # WARDEN_DB_POOL_SIZE: web server processes (server/asgi.py marks them) use psycopg's connection
 # pool of at most this many connections instead: under ASGI every request runs in a thread of its
 # own, so a persistent connection would never be reused there; default 10; 0 turns the pool off.
-# Workers, sweepers and commands keep persistent connections (django-q2 forks its workers, and a
-# pool must not cross a fork).
+# Sweepers and commands keep persistent connections; a worker process that drives many runs makes
+# its own pool once forked (WARDEN_WORKER_DB_POOL_SIZE above: a pool must not cross a fork).
 WARDEN_DB_POOL_SIZE = _env_int("WARDEN_DB_POOL_SIZE", 10) if os.environ.get("WARDEN_WEB_SERVER") == "1" else 0
 for _alias in DATABASES.values():
     _alias["CONN_MAX_AGE"] = 0 if WARDEN_DB_POOL_SIZE else WARDEN_DB_CONN_MAX_AGE

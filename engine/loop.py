@@ -12,6 +12,7 @@ one thing and starts the next, so a model step and a read tool call cost one com
 """
 
 import logging
+import threading
 import time
 
 from django.conf import settings
@@ -25,16 +26,25 @@ from engine.actions.cancel import run_cancel_by_worker
 from engine.actions.runs import run_end
 from engine.checkpoint import Checkpoint, CheckpointStale, RunFailure, StopDriving, checkpoint_load
 from engine.faults import fault_point
-from engine.lease import Heartbeat, worker_identity
+from engine.lease import RunBeat, lease_keeper, worker_identity
 from engine.queue import run_enqueue
 from engine.state import Lease, run_claim, run_lease_holder_forget, run_transition, step_discard
 from operations import liveness
 from runs_app.models import Run, RunErrorCode, RunStatus, Step, StepKind, StepStatus
+from runs_app.providers.interrupt import interruptible
 from runs_app.transitions import LeaseLost
 from tools_app.models import ToolCallStatus
 from tools_app.selectors import writes_in_doubt
 
 logger = logging.getLogger("warden.engine")
+
+# Set when the process is about to end (django-q2 recycles or stops it): every run it drives
+# yields at its next step instead of using the rest of its slice.
+_stopping = threading.Event()
+
+
+def drive_stop_soon() -> None:
+    _stopping.set()
 
 
 def run_drive(*, run_id: str) -> str:
@@ -59,11 +69,12 @@ def run_drive(*, run_id: str) -> str:
 def _drive_claimed(lease: Lease) -> str:
     run_id = lease.run_id
     fault_point("after_claim")
-    heartbeat = Heartbeat(lease)
-    heartbeat.start()
-    driver = Driver(lease, heartbeat)
+    keeper = lease_keeper()
+    beat = keeper.hold(lease)
+    driver = Driver(lease, beat)
     try:
-        return driver.drive()
+        with interruptible(beat.interrupt):
+            return driver.drive()
     except LeaseLost:
         # A fenced write matched no row (or the heartbeat found the token gone first): another
         # worker holds the run now, so this one stops without writing anything.
@@ -85,12 +96,12 @@ def _drive_claimed(lease: Lease) -> str:
         except LeaseLost:
             return "lease-lost"
     finally:
-        heartbeat.stop()
+        keeper.release(beat)
         run_lease_holder_forget(run_id=run_id)
 
 
 class Driver:
-    def __init__(self, lease: Lease, heartbeat: Heartbeat):
+    def __init__(self, lease: Lease, heartbeat: RunBeat):
         self.lease = lease
         self.heartbeat = heartbeat
         self.slice_ends = time.monotonic() + settings.WARDEN_SLICE_SECONDS
@@ -118,7 +129,7 @@ class Driver:
             carried = cp.carried
             if outcome:
                 return outcome
-            if time.monotonic() >= self.slice_ends:
+            if time.monotonic() >= self.slice_ends or _stopping.is_set():
                 return self.yield_slice(cp.run)
 
     def advance(self, cp: Checkpoint) -> str | None:

@@ -20,7 +20,7 @@ from engine.checkpoint import Checkpoint, RunFailure, StopDriving, model_calls_u
 from engine.context import BuiltContext, CachedContext, context_build, context_from_cache
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
-from engine.lease import Heartbeat
+from engine.lease import RunBeat, connection_give_back
 from engine.state import Lease, run_phase_enter, run_phase_values, run_transition, run_write, step_create, step_discard, step_transition
 from engine.tool_exec import tool_call_rows, tool_calls_create
 from runs_app.events import RunEventType
@@ -137,7 +137,7 @@ def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step 
         setattr(run, field_name, value)
 
 
-def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | None:
+def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | None:
     run = cp.run
     step = cp.latest_step
     own_open_step = (
@@ -244,18 +244,16 @@ def _rejected(*, cp: Checkpoint, lease: Lease, step: Step, result: StreamResult,
     return None
 
 
-def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat: Heartbeat) -> StreamResult:
+def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat: RunBeat) -> StreamResult:
     result = StreamResult()
     out = step_deltas(session_id=run.session_id, run_id=run.id, step=step.index)
     heartbeat.streaming(step_id=step.pk, text_getter=lambda: result.text)
     slots = _CallSlots()
+    # No database connection is held while the model answers: the process's other runs use it.
+    connection_give_back()
+    events = None
     try:
         events = provider.stream(request)
-    except (TransientModelError, PermanentModelError) as error:
-        heartbeat.streaming(step_id=None, text_getter=None)
-        out.abandon()
-        raise _StreamBroken(error, result) from error
-    try:
         for event in events:
             if heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {run.id}: lease lost mid-stream")
@@ -280,11 +278,19 @@ def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat:
                 result.finish_reason = event.reason
     except (TransientModelError, PermanentModelError) as error:
         out.abandon()  # nothing more of this stream goes out
-        raise _StreamBroken(error, result) from error
+        # The lease keeper shut the call's socket: the break is ours, not the model server's.
+        if heartbeat.lease_lost.is_set():
+            raise LeaseLost(f"run {run.id}: lease lost mid-stream") from error
+        if not heartbeat.cancel_requested.is_set():
+            raise _StreamBroken(error, result) from error
+        result.aborted = "cancel requested"
+        return result
     except BaseException:
         out.abandon()  # lease lost: nothing more of this stream goes out
         raise
     finally:
+        # Detached first: once the connection is back in the client's pool, another run's.
+        heartbeat.interrupt.detach()
         close = getattr(events, "close", None)
         if close:
             close()

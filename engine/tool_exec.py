@@ -35,7 +35,7 @@ from engine.checkpoint import Checkpoint, CheckpointStale, StopDriving, budget_l
 from engine.faults import fault_point
 from engine.guards import RETRY_KEY_MARK, key_base, retried_runs, run_scoped_key, scope_spent, with_limits
 from engine.interjections import inputs_at_safe_point
-from engine.lease import Heartbeat
+from engine.lease import RunBeat, connection_give_back
 from engine.state import (
     Lease, run_phase_enter, run_transition, run_write, step_create, step_transition, tool_call_transition,
 )
@@ -76,14 +76,14 @@ class _ToolThread(threading.Thread):
             job = self.jobs.get()
             job()
             with _IDLE_LOCK:
-                if len(_IDLE) >= _IDLE_MAX:
+                if len(_IDLE) >= max(_IDLE_MAX, settings.WARDEN_RUNS_PER_WORKER):
                     return
                 _IDLE.append(self)
 
 
 _IDLE: list[_ToolThread] = []
 _IDLE_LOCK = threading.Lock()
-_IDLE_MAX = 16
+_IDLE_MAX = 16  # or as many as the runs a process drives at once (engine/executor.py)
 
 
 def _tool_thread() -> _ToolThread:
@@ -117,6 +117,7 @@ def _within_timeout(tool, context: ToolContext, arguments):
     # In a copy of this thread's context: the tool's own spans and log lines stay the call's.
     context_copy = contextvars.copy_context()
     _tool_thread().jobs.put(lambda: context_copy.run(call))
+    connection_give_back()  # the tool's thread may need one of the pool's connections meanwhile
     if not done.wait(tool.timeout):
         raise ToolTimedOut(tool.name, tool.timeout)
     if "error" in box:
@@ -306,7 +307,7 @@ def _leading_reads(calls: list[ToolCall]) -> list[ToolCall]:
     return batch
 
 
-def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: Heartbeat) -> str | None:
+def tools_advance(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | None:
     run = cp.run
     head = cp.open_tool_calls[0]  # never a dead worker's `running` call or an `unknown` one: Driver.advance saw to those
     if head.status == ToolCallStatus.PENDING and inputs_at_safe_point(run=run, lease=lease, before="tool"):
@@ -554,6 +555,7 @@ def _read_attempts(run: Run, call: ToolCall) -> Outcome:
                     call=call, status=ToolCallStatus.FAILED, attempts=attempts,
                     error_code=getattr(error, "code", type(error).__name__), error_detail=str(error)[:2000],
                 )
+            connection_give_back()
             time.sleep(delay)
             delay *= 2
 

@@ -153,6 +153,8 @@ def _beat_forever(*, role: str, cluster: str, stop: threading.Event) -> None:
             try:
                 close_old_connections()  # this thread's connection: reused, health-checked (CONN_HEALTH_CHECKS)
                 heartbeat_write(role=role, cluster=cluster)
+                if connection.settings_dict.get("OPTIONS", {}).get("pool"):
+                    connection.close()  # back to the pool its process's runs share
             except Exception:  # noqa: BLE001 - the database is away: /readyz says so; beat again later
                 logger.warning("%s heartbeat failed", role, exc_info=True)
                 connection.close()

@@ -205,6 +205,9 @@ def read_families() -> list:
     clients.add_metric(["websocket"], gauges.get("websocket_clients", 0))
     clients.add_metric(["sse"], gauges.get("sse_clients", 0))
     families.append(clients)
+    families.append(GaugeMetricFamily(
+        "warden_runs_in_flight", "Runs the worker processes drive at this moment (each process up to WARDEN_RUNS_PER_WORKER).",
+        value=gauges.get("runs_in_flight", 0)))
     return families
 
 

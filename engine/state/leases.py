@@ -52,6 +52,9 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
         if row is None:
             return None
         run, input_waiting = rows.instance(Run, row), row[-1]
+        if settings.WARDEN_CUSTOMER_MAX_RUNNING and _owner_at_limit(run):
+            liveness.count("claims:customer-limit")
+            return None  # stays queued; asked for again when one of the owner's runs stops (engine/executor.py)
         now = timezone.now()
         # Queue pickup latency: since the run was last queued (or re-announced by the sweeper).
         liveness.observe("queue_pickup_seconds", max(0.0, (now - run.updated_at).total_seconds()))
@@ -76,25 +79,89 @@ def run_claim(*, run_id, owner: str) -> Lease | None:
     return Lease(run_id=str(run_id), owner=owner, token=written.lease_token, session_id=str(written.session_id), run=run)
 
 
+@dataclass(frozen=True)
+class Renewal:
+    """What one lease's renewal found: `held` (extended), `lost` (the token moved on or the run is
+    no longer running: its holder must stop writing), or neither (its row was locked by a commit
+    in progress, so it was skipped this time and is extended at the next beat)."""
+    held: bool
+    lost: bool
+    cancel_requested: bool
+
+
+_RENEW_MANY = (
+    'WITH "h" AS (SELECT * FROM unnest(%s::uuid[], %s::bigint[]) AS "h"("id", "token")), '
+    # SKIP LOCKED: one run's long commit never holds up the renewal of every other lease.
+    '"locked" AS (SELECT r."id" FROM "runs_app_run" r JOIN "h" ON r."id" = "h"."id" AND r."lease_token" = "h"."token" '
+    'AND r."status" = %s ORDER BY r."id" FOR NO KEY UPDATE OF r SKIP LOCKED), '
+    '"renewed" AS (UPDATE "runs_app_run" r SET "lease_expires_at" = %s FROM "locked" WHERE r."id" = "locked"."id" '
+    'RETURNING r."id", r."cancel_requested_at" IS NOT NULL AS "cancel") '
+    'SELECT "h"."id", "renewed"."id" IS NOT NULL, COALESCE("renewed"."cancel", FALSE), '
+    'EXISTS (SELECT 1 FROM "runs_app_run" r WHERE r."id" = "h"."id" AND r."lease_token" = "h"."token" AND r."status" = %s) '
+    'FROM "h" LEFT JOIN "renewed" ON "renewed"."id" = "h"."id"'
+)
+
+
+# The pg_advisory_xact_lock(space, key) space of the claims of one customer's runs (steps.py has 26 and 27).
+CUSTOMER_CLAIM_LOCK_SPACE = 29
+
+
+def _owner_at_limit(run: Run) -> bool:
+    """Does the run's customer (its session's owner) already have WARDEN_CUSTOMER_MAX_RUNNING runs
+    running? Their claims take turns (an advisory lock until the claim commits), so two workers
+    never both see room for one more."""
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT "owner_id" FROM "sessions_app_session" WHERE "id" = %s', [run.session_id])
+        owner_id = cursor.fetchone()[0]
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [CUSTOMER_CLAIM_LOCK_SPACE, str(owner_id)])
+        cursor.execute('SELECT count(*) FROM "runs_app_run" r JOIN "sessions_app_session" s ON s."id" = r."session_id" '
+                       'WHERE s."owner_id" = %s AND r."status" = %s', [owner_id, RunStatus.RUNNING])
+        return cursor.fetchone()[0] >= settings.WARDEN_CUSTOMER_MAX_RUNNING
+
+
+def lease_renew_many(*, leases: list[Lease]) -> dict[str, Renewal]:
+    """Extend every lease a worker process holds, in one statement (one heartbeat per process,
+    not one per run): by run id, what each renewal found."""
+    if not leases:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(_RENEW_MANY, [[lease.run_id for lease in leases], [lease.token for lease in leases],
+                                     RunStatus.RUNNING, lease_expiry(), RunStatus.RUNNING])
+        found = cursor.fetchall()
+    return {str(run_id): Renewal(held=held, lost=not held and not still, cancel_requested=cancel)
+            for run_id, held, cancel, still in found}
+
+
 def lease_renew(*, lease: Lease) -> tuple[bool, bool]:
-    """Extend the lease while its holder works: (still held, a cancel was requested)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            'UPDATE "runs_app_run" SET "lease_expires_at" = %s '
-            'WHERE "id" = %s AND "lease_token" = %s AND "status" = %s RETURNING "cancel_requested_at"',
-            [lease_expiry(), lease.run_id, lease.token, RunStatus.RUNNING],
-        )
-        row = cursor.fetchone()
-    return row is not None, row is not None and row[0] is not None
+    """Extend one lease: (still held, a cancel was requested). A row locked by a commit in
+    progress counts as held: its holder is alive and writing."""
+    renewal = lease_renew_many(leases=[lease])[str(lease.run_id)]
+    return not renewal.lost, renewal.cancel_requested
 
 
-def step_streamed_text_save(*, step_id: int, lease_token: int, text: str) -> None:
-    """What a model has streamed so far, on its running step (a console joining mid-stream shows it)."""
+def runs_cancel_requested(*, run_ids: list[str]) -> list[str]:
+    """Which of these runs have a cancel requested (the heartbeat's frequent look, cheaper than a
+    renewal: a cancelled run's open model stream is closed at once, not at the next beat)."""
+    if not run_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT "id" FROM "runs_app_run" WHERE "id" = ANY(%s::uuid[]) AND "cancel_requested_at" IS NOT NULL '
+                       'AND "status" = %s', [run_ids, RunStatus.RUNNING])
+        return [str(row[0]) for row in cursor.fetchall()]
+
+
+def steps_streamed_text_save(*, texts: list[tuple[int, int, str]]) -> None:
+    """What the models have streamed so far on their running steps, as (step id, lease token,
+    text), in one statement (a console joining mid-stream shows it)."""
+    if not texts:
+        return
+    ids, tokens, values = zip(*texts)
     with connection.cursor() as cursor:
         cursor.execute(
-            'UPDATE "runs_app_step" SET "streamed_text" = %s '
-            'WHERE "id" = %s AND "lease_token" = %s AND "status" = \'running\'',
-            [text, step_id, lease_token],
+            'UPDATE "runs_app_step" s SET "streamed_text" = t."text" '
+            'FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS t("id", "token", "text") '
+            'WHERE s."id" = t."id" AND s."lease_token" = t."token" AND s."status" = \'running\'',
+            [list(ids), list(tokens), list(values)],
         )
 
 

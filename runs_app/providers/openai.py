@@ -30,6 +30,7 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
+from runs_app.providers.interrupt import AbortableBackend, endpoint_slot
 from runs_app.providers.rules import classify_input_by_rules
 
 _DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -72,6 +73,10 @@ class OpenAIProvider:
             arguments["max_tokens"] = request.max_output_tokens
         if request.tools:
             arguments["tools"] = request.tools
+        with endpoint_slot(settings.OPENAI_BASE_URL, timeout=_timeout(request)):
+            yield from self._stream(arguments, request)
+
+    def _stream(self, arguments: dict, request: ModelRequest) -> Iterator[StreamEvent]:
         try:
             response = _client(_timeout(request)).chat.completions.create(**arguments)
         except openai.APIError as error:
@@ -217,5 +222,11 @@ def _client(timeout: float) -> openai.OpenAI:
 
 @functools.lru_cache(maxsize=8)
 def _cached_client(base_url: str, api_key: str, timeout: float) -> openai.OpenAI:
-    # One client (and connection pool) per configuration; httpx clients are thread-safe.
-    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
+    # One client (and connection pool) per configuration; httpx clients are thread-safe, and the
+    # many runs of a worker process share it (issue 34). Its sockets can be shut down from the
+    # lease keeper's thread when a run is cancelled (runs_app/providers/interrupt.py).
+    calls = max(1, settings.WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT)
+    transport = httpx.HTTPTransport(limits=httpx.Limits(max_connections=calls, max_keepalive_connections=calls))
+    transport._pool._network_backend = AbortableBackend()  # httpx 0.28 builds its pool privately
+    http_client = httpx.Client(transport=transport, timeout=timeout, follow_redirects=True)
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout, http_client=http_client)

@@ -41,6 +41,7 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
+from runs_app.providers.interrupt import current_interrupt
 from runs_app.providers.rules import classify_input_by_rules, message_text, summarize_by_rules
 
 FAULTS = (
@@ -197,9 +198,15 @@ def _emit(plan: Plan, *, request: ModelRequest, fault: str | None, delay: float)
 
 
 def _paced(events, delay: float) -> Iterator[StreamEvent]:
+    """The events, a `delay` apart — a pause an abort ends at once, as a shut socket ends a real
+    model's stream (runs_app/providers/interrupt.py)."""
+    interrupt = current_interrupt()
     for position, event in enumerate(events):
         if position and delay > 0:
-            time.sleep(delay)
+            if interrupt is None:
+                time.sleep(delay)
+            elif interrupt.wait(delay):
+                raise TransientModelError("scripted stream aborted")
         yield event
 
 

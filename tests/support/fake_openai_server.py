@@ -25,6 +25,7 @@ import argparse
 import collections
 import itertools
 import json
+import select
 import socket
 import sys
 import threading
@@ -94,6 +95,7 @@ class FakeOpenAIServer:
         self._scripted_calls = itertools.count()
         self._changed = threading.Condition()
         self._stopping = threading.Event()
+        self._released = threading.Event()  # ends every chunk_delay pause at once (release_held)
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.fake = self
         self._thread: threading.Thread | None = None
@@ -170,6 +172,20 @@ class FakeOpenAIServer:
         with self._changed:
             self._queue.append(response)
 
+    def release_held(self) -> None:
+        """End every `chunk_delay` pause now and from now on: held responses go on at once."""
+        self._released.set()
+
+    def in_flight(self) -> int:
+        """Requests received whose response is not written yet."""
+        with self._changed:
+            return len(self.requests) - len(self.outcomes)
+
+    def request_number(self, text: str) -> int | None:
+        """The number of the first request whose messages contain `text`."""
+        with self._changed:
+            return next((n for n, body in enumerate(self.requests) if text in json.dumps(body.get("messages"))), None)
+
     def reset(self) -> None:
         with self._changed:
             self._queue.clear()
@@ -207,7 +223,7 @@ class FakeOpenAIServer:
     def _answer_completion(self, handler: "_Handler", body: dict) -> None:
         number = self._record_request(body)
         queued = self._next_queued()
-        writer = _ResponseWriter(handler, body=body, stopping=self._stopping)
+        writer = _ResponseWriter(handler, body=body, stopping=self._stopping, released=self._released)
         if queued is None and self.fallback != "scripted":
             outcome = writer.error(500, "fake OpenAI server: no response queued", {})
         elif queued is not None and queued.status != 200:
@@ -334,7 +350,8 @@ class _Handler(BaseHTTPRequestHandler):
 class _ResponseWriter:
     """Writes one response in OpenAI's shapes; every method returns an Outcome value."""
 
-    def __init__(self, handler: _Handler, *, body: dict, stopping: threading.Event):
+    def __init__(self, handler: _Handler, *, body: dict, stopping: threading.Event,
+                 released: threading.Event | None = None):
         self.handler = handler
         self.model = body.get("model") or "fake-model"
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -344,6 +361,7 @@ class _ResponseWriter:
         self.started = False
         self._role_sent = False
         self._stopping = stopping
+        self._released = released or threading.Event()
 
     # shapes
 
@@ -422,8 +440,9 @@ class _ResponseWriter:
             self.handler.end_headers()
             self.started = True
             for chunk in itertools.chain([first] if first is not None else [], iterator):
-                if delay:
-                    time.sleep(delay)
+                if delay and not self._pause(delay):
+                    self.handler.close_connection = True
+                    return Outcome.CLIENT_DISCONNECTED
                 if chunk is _DROP or self._stopping.is_set():
                     return self._drop()
                 self._write_event(json.dumps(chunk))
@@ -433,6 +452,21 @@ class _ResponseWriter:
             self.handler.close_connection = True
             return Outcome.CLIENT_DISCONNECTED
         return Outcome.COMPLETED
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait before a chunk, as a slow model does; False as soon as the client goes away (its
+        end of the socket closed), so a test sees a dropped stream when it is dropped."""
+        ends = time.monotonic() + seconds
+        sock = self.handler.connection
+        while not self._released.is_set() and (left := ends - time.monotonic()) > 0:
+            readable, _, _ = select.select([sock], [], [], min(left, 0.05))
+            if readable:
+                try:
+                    if not sock.recv(1, socket.MSG_PEEK):
+                        return False
+                except OSError:
+                    return False
+        return True
 
     def _write_event(self, data: str) -> None:
         payload = f"data: {data}\n\n".encode()

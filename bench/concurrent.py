@@ -1,0 +1,107 @@
+"""`make bench-concurrent` (issue 34): Warden on the peers' slow-model workload, beside the
+plain-asyncio ceiling, LangGraph and DBOS in the same run.
+
+The workload is ../shared/bench/peers/run_concurrent.sh's: its OpenAI-compatible model server
+(llm_server.py) answers each streamed call after a fixed latency L; each of N conversations makes
+K tool-call turns (a read tool between model calls) and a final answer. The ideal is N / L model
+calls a second. Warden runs as `make run` would, through a real django-q2 cluster
+(warden_concurrent.py), each worker process driving many runs at once (WARDEN_RUNS_PER_WORKER).
+
+Two sizes, as the issue's acceptance states them (each overridable):
+    small  N=100,  L=1 s, K=3, 2 worker processes (make run's default settings)
+    large  N=1000, L=2 s, K=5, 4 worker processes, 250 runs each
+One table on stdout per size: achieved vs ideal model calls/s, p50/p99 run duration against the
+ideal (K+1)·L, the workers' RSS in total and per in-flight run, PostgreSQL connections, CPU per
+model call. The raw JSON goes to .warden/bench/concurrent-<size>.json.
+
+Without ../shared/bench/peers there is no model server to measure against: it says so and stops.
+
+    .venv/bin/python bench/concurrent.py [--sizes small,large] [--systems "plain langgraph dbos"]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from compare import OUT, PEERS_DEFAULT_URL, ROOT, libpq_env, peers_dir, peers_python, say  # noqa: E402
+
+SIZES = {
+    "small": {"n": 100, "latency_ms": 1000, "k": 3, "workers": 2, "runs_per_worker": 100},
+    "large": {"n": 1000, "latency_ms": 2000, "k": 5, "workers": 4, "runs_per_worker": 250},
+}
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=os.environ.get("SIZES", "small,large"), help="small, large or both")
+    parser.add_argument("--systems", default=os.environ.get("SYSTEMS", "plain langgraph dbos"),
+                        help="the peers beside Warden (run_concurrent.sh's SYSTEMS)")
+    parser.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 1)))
+    return parser.parse_args()
+
+
+def run_size(name: str, size: dict, args, peers: Path, python: Path) -> list[dict]:
+    OUT.mkdir(parents=True, exist_ok=True)
+    result = OUT / f"concurrent-{name}.json"
+    env = {
+        **os.environ,
+        **libpq_env(os.environ.get("DATABASE_URL") or PEERS_DEFAULT_URL),
+        "VENV": str(python.parent.parent),
+        "NS": str(size["n"]), "LATENCY_MS": str(size["latency_ms"]), "K": str(size["k"]),
+        "SYSTEMS": args.systems, "ROUNDS": str(args.rounds),
+        "WARDEN_DIR": str(ROOT), "WARDEN_WORKERS": str(size["workers"]),
+        "WARDEN_RUNS_PER_WORKER": str(size["runs_per_worker"]),
+        # Warden's predicted wall (N(K+1)L / W) assumed one run per process.
+        "WARDEN_MAX_PREDICTED_S": "100000",
+        "PEERS_CONCURRENT_RESULT": str(result),
+    }
+    env.pop("WARDEN_DEMO", None)
+    say(f"{name}: N={size['n']} L={size['latency_ms']} ms K={size['k']}, Warden {size['workers']} workers × "
+        f"{size['runs_per_worker']} runs; peers: {args.systems}")
+    subprocess.run(["bash", str(peers / "run_concurrent.sh")], env=env, check=True, cwd=peers)
+    return json.loads(result.read_text()).get("results", []) if result.exists() else []
+
+
+def fmt(value, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def table(name: str, size: dict, rows: list[dict]) -> None:
+    ideal = size["n"] / (size["latency_ms"] / 1000)
+    ideal_run = (size["k"] + 1) * size["latency_ms"] / 1000
+    plain = next((r.get("steps_per_s") for r in rows if r.get("system") == "plain"), None)
+    print(f"\n{name}: N={size['n']}, L={size['latency_ms'] / 1000:g} s, K={size['k']}: ideal {ideal:g} model calls/s, "
+          f"ideal run {ideal_run:g} s")
+    print("| system | done | model calls/s | of ideal | of plain | run p50 / p99 s | RSS MB | MB per run | PG conns | CPU ms/call |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        calls, rss = r.get("steps_per_s"), r.get("rss_peak_mb")
+        # Warden's "concurrency" is its runs in flight at most (workers × runs per worker, at most N).
+        in_flight = min(size["n"], size["workers"] * size["runs_per_worker"]) if r["system"] == "warden" else size["n"]
+        print(f"| {r['system']} ({r['mode']}) | {fmt(r.get('completed'), 0)}/{r['n']} | {fmt(calls)} | "
+              f"{fmt(calls / ideal if calls else None, 2)} | {fmt(calls / plain if calls and plain else None, 2)} | "
+              f"{fmt(r.get('run_p50_s'), 2)} / {fmt(r.get('run_p99_s'), 2)} | {fmt(rss, 0)} | "
+              f"{fmt(rss / in_flight if rss else None, 2)} | {fmt(r.get('pg_conns_peak'), 0)} | {fmt(r.get('cpu_ms_per_step'))} |")
+
+
+def main() -> None:
+    args = arguments()
+    peers = peers_dir()
+    if peers is None or not (peers / "run_concurrent.sh").is_file():
+        say("no ../shared/bench/peers (run_concurrent.sh, llm_server.py): nothing to measure against; "
+            "set WARDEN_PEERS_DIR to the peers harness")
+        sys.exit(2)
+    python = peers_python(peers)
+    for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
+        size = SIZES[name]
+        rows = run_size(name, size, args, peers, python)
+        table(name, size, rows)
+
+
+if __name__ == "__main__":
+    main()
