@@ -15,6 +15,11 @@ ideal (K+1)·L, the workers' RSS in total and per in-flight run, PostgreSQL conn
 model call. The raw JSON goes to .warden/bench/concurrent-<size>.json.
 
 Without ../shared/bench/peers there is no model server to measure against: it says so and stops.
+The harness is read-only and was written against an older Warden: it runs from a copy
+(.warden/peers-harness) whose warden_concurrent.py gets the changes listed in HARNESS_CHANGES —
+where Warden's models live now, and the runs in flight (workers × runs per worker) as its
+concurrency — each checked to apply, so a changed harness stops the bench instead of measuring
+something else.
 
     .venv/bin/python bench/concurrent.py [--sizes small,large] [--systems "plain langgraph dbos"]
 """
@@ -22,6 +27,7 @@ Without ../shared/bench/peers there is no model server to measure against: it sa
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,12 +42,38 @@ SIZES = {
 }
 
 
+HARNESS = OUT.parent / "peers-harness"
+HARNESS_CHANGES = [
+    # The floor-plan issue moved agents out of runs_app.
+    ("    from runs_app.models import Agent\n", "    from agents.models import Agent\n", 2),
+    # Runs in flight at most: each worker process drives WARDEN_RUNS_PER_WORKER of them.
+    ("concurrency=workers,", "concurrency=workers * int(os.environ.get('WARDEN_RUNS_PER_WORKER', '1')),", 1),
+]
+
+
+def harness(peers: Path) -> Path:
+    """A fresh copy of the peers' harness with HARNESS_CHANGES applied to warden_concurrent.py."""
+    shutil.rmtree(HARNESS, ignore_errors=True)
+    shutil.copytree(peers, HARNESS)
+    script = HARNESS / "warden_concurrent.py"
+    script.chmod(0o644)
+    text = script.read_text()
+    for old, new, count in HARNESS_CHANGES:
+        if text.count(old) != count:
+            raise SystemExit(f"the peers' warden_concurrent.py changed: expected {count} × {old.strip()!r}")
+        text = text.replace(old, new)
+    script.write_text(text)
+    return HARNESS
+
+
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=os.environ.get("SIZES", "small,large"), help="small, large or both")
     parser.add_argument("--systems", default=os.environ.get("SYSTEMS", "plain langgraph dbos"),
                         help="the peers beside Warden (run_concurrent.sh's SYSTEMS)")
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 1)))
+    for name in ("n", "latency_ms", "k", "workers", "runs_per_worker"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the sizes' {name}")
     return parser.parse_args()
 
 
@@ -97,8 +129,9 @@ def main() -> None:
             "set WARDEN_PEERS_DIR to the peers harness")
         sys.exit(2)
     python = peers_python(peers)
+    peers = harness(peers)
     for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        size = SIZES[name]
+        size = {key: getattr(args, key) if getattr(args, key) is not None else value for key, value in SIZES[name].items()}
         rows = run_size(name, size, args, peers, python)
         table(name, size, rows)
 

@@ -17,11 +17,15 @@ When the process ends (django-q2 recycles or stops it), its runs yield at their 
 import contextvars
 import logging
 import os
+import select
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
+
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from psycopg_pool import ConnectionPool
 
 from engine.loop import drive_stop_soon, run_drive
 from engine.queue import run_enqueue_now
@@ -46,8 +50,22 @@ def _pool_connections() -> None:
         return
     connections.close_all()
     settings_dict["CONN_MAX_AGE"] = 0  # Django's pool refuses persistent connections
+    # Django's health check is a round trip per checkout, and a run checks a connection out after
+    # every model call: the pool's check looks at the socket instead (_idle_check).
+    settings_dict["CONN_HEALTH_CHECKS"] = False
     settings_dict["OPTIONS"]["pool"] = {"min_size": 1, "max_size": settings.WARDEN_WORKER_DB_POOL_SIZE,
                                         "timeout": 30, "max_idle": 60}
+    connections[DEFAULT_DB_ALIAS].pool._check = _idle_check  # psycopg_pool keeps its check there
+
+
+def _idle_check(conn) -> None:
+    """Before a pooled connection is handed out: an idle connection has nothing to read unless the
+    server closed it (a restart, an idle timeout) or sent a notice — only then is it asked, and a
+    dead one is replaced (psycopg_pool's own check raises for it)."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("connection closed")
+    if select.select([conn.fileno()], [], [], 0)[0]:
+        ConnectionPool.check_connection(conn)
 
 
 class RunExecutor:

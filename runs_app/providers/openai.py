@@ -1,7 +1,9 @@
 """A streaming provider for any OpenAI-compatible Chat Completions server.
 
-The SDK's own retries are off (max_retries=0): retrying is the run-time's decision, with
-backoff recorded on the run. Errors are sorted as the official SDK sorts them for its own retries:
+Streams are read with httpx and a plain SSE parser (cheap enough for a worker process driving many
+runs at once); the official SDK makes the rare unstreamed calls, with its own retries off
+(max_retries=0): retrying is the run-time's decision, with backoff recorded on the run. Errors are
+sorted as the official SDK sorts them for its own retries:
 an `x-should-retry` header decides when present; otherwise 408, 409, 429, 5xx, network errors
 and dropped streams are transient, other 4xx permanent.
 """
@@ -10,6 +12,7 @@ import email.utils
 import functools
 import json
 import re
+import threading
 import time
 from typing import Iterator, Literal
 
@@ -77,23 +80,43 @@ class OpenAIProvider:
             yield from self._stream(arguments, request)
 
     def _stream(self, arguments: dict, request: ModelRequest) -> Iterator[StreamEvent]:
+        # The stream is read with httpx and a plain SSE parser, not the SDK: a worker process drives
+        # many runs at once, and the SDK's request building and per-chunk models cost about four
+        # times the CPU of the call itself; it also drops the connection after every stream (it
+        # stops reading at [DONE]), where this reads the body to its end and keeps it alive.
+        timeout = _timeout(request)
+        url = settings.OPENAI_BASE_URL.rstrip("/") + "/chat/completions"
+        headers = {"Authorization": f"Bearer {settings.OPENAI_API_KEY}", "Accept": "text/event-stream"}
         try:
-            response = _client(_timeout(request)).chat.completions.create(**arguments)
-        except openai.APIError as error:
-            raise _model_error(error) from error
-
+            response = _http_client(timeout).send(
+                _http_client(timeout).build_request("POST", url, json=arguments, headers=headers), stream=True)
+        except httpx.HTTPError as error:
+            raise TransientModelError(f"model server unreachable: {error}") from error
         finish = None
         try:
-            for chunk in response:
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                    yield Usage(input_tokens=usage.prompt_tokens or 0, output_tokens=usage.completion_tokens or 0)
-                for choice in chunk.choices or []:
-                    if choice.index != 0:
+            if response.status_code != 200:
+                response.read()
+                raise _status_error(response)
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue  # comments, `event:` and `id:` fields, blank separators
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    continue  # read on to the body's end: the connection then goes back to the pool
+                chunk = json.loads(data)
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"a stream chunk that is not an object: {data[:80]}")
+                if chunk.get("error"):
+                    raise TransientModelError(f"model stream error: {_error_message(chunk)}")
+                usage = chunk.get("usage")
+                if usage:
+                    yield Usage(input_tokens=usage.get("prompt_tokens") or 0, output_tokens=usage.get("completion_tokens") or 0)
+                for choice in chunk.get("choices") or []:
+                    if (choice.get("index") or 0) != 0:
                         continue
-                    yield from _delta_events(choice.delta)
-                    finish = choice.finish_reason or finish
-        except (openai.APIError, httpx.HTTPError, ValueError) as error:  # ValueError: a garbled SSE line
+                    yield from _delta_events(choice.get("delta"))
+                    finish = choice.get("finish_reason") or finish
+        except (httpx.HTTPError, ValueError, AttributeError) as error:  # ValueError: a garbled SSE line
             raise TransientModelError(f"model stream broken: {error}") from error
         finally:
             # Also runs on generator.close() (cancel, lease lost): drops the HTTP connection now.
@@ -147,19 +170,44 @@ class OpenAIProvider:
         return InputClassification(answer.mode, answer.reason)
 
 
-def _delta_events(delta) -> Iterator[StreamEvent]:
-    if delta is None:
+def _delta_events(delta: dict | None) -> Iterator[StreamEvent]:
+    if not delta:
         return
-    if delta.content:
-        yield TextDelta(delta.content)
-    for call in delta.tool_calls or []:
-        function = getattr(call, "function", None)
+    if delta.get("content"):
+        yield TextDelta(delta["content"])
+    for call in delta.get("tool_calls") or []:
+        function = call.get("function") or {}
         yield ToolCallDelta(
-            index=getattr(call, "index", None),  # absent from some servers' fragments
-            id=getattr(call, "id", None),
-            name=function.name if function else None,
-            arguments=(function.arguments if function else None) or "",
+            index=call.get("index"),  # absent from some servers' fragments
+            id=call.get("id"),
+            name=function.get("name"),
+            arguments=function.get("arguments") or "",
         )
+
+
+def _error_message(body) -> str:
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error or body)[:500]
+
+
+def _status_error(response: httpx.Response) -> Exception:
+    """A model server's error answer, sorted as the official SDK sorts it for its own retries."""
+    status = response.status_code
+    try:
+        detail = _error_message(response.json())
+    except ValueError:
+        detail = response.text[:500]
+    message = f"Error code: {status} - {detail}"
+    should_retry = (response.headers.get("x-should-retry") or "").strip().lower()
+    if should_retry in ("true", "false"):
+        transient = should_retry == "true"  # the server says so, whatever the status
+    else:
+        transient = status in _TRANSIENT_4XX or status >= 500
+    if transient:
+        return TransientModelError(message, status=status, retry_after=_retry_after(response.headers))
+    return PermanentModelError(message, status=status)
 
 
 def _model_error(error: openai.APIError) -> Exception:
@@ -220,13 +268,34 @@ def _client(timeout: float) -> openai.OpenAI:
     return _cached_client(settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY, timeout)
 
 
+_clients = threading.local()
+
+
+@functools.cache
+def _tls_context():
+    # Made once: loading the CA bundle costs milliseconds, and every run thread has a client.
+    return httpx.create_ssl_context()
+
+
+def _http_client(timeout: float) -> httpx.Client:
+    """This thread's client (and its keep-alive connections) for this timeout. A worker process
+    drives each of its runs in a thread of its own (issue 34): one shared pool would cost every
+    request a scan of all its connections (httpcore's pool is quadratic in them), while a run's
+    thread makes one call at a time and reuses its own connection. Its sockets can be shut down
+    from the lease keeper's thread when the run is cancelled (runs_app/providers/interrupt.py)."""
+    by_timeout = getattr(_clients, "by_timeout", None)
+    if by_timeout is None:
+        by_timeout = _clients.by_timeout = {}
+    client = by_timeout.get(timeout)
+    if client is None:
+        transport = httpx.HTTPTransport(verify=_tls_context(), limits=httpx.Limits(max_connections=4, max_keepalive_connections=2))
+        transport._pool._network_backend = AbortableBackend()  # httpx 0.28 builds its pool privately
+        client = by_timeout[timeout] = httpx.Client(transport=transport, timeout=timeout, follow_redirects=True)
+    return client
+
+
 @functools.lru_cache(maxsize=8)
 def _cached_client(base_url: str, api_key: str, timeout: float) -> openai.OpenAI:
-    # One client (and connection pool) per configuration; httpx clients are thread-safe, and the
-    # many runs of a worker process share it (issue 34). Its sockets can be shut down from the
-    # lease keeper's thread when a run is cancelled (runs_app/providers/interrupt.py).
-    calls = max(1, settings.WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT)
-    transport = httpx.HTTPTransport(limits=httpx.Limits(max_connections=calls, max_keepalive_connections=calls))
-    transport._pool._network_backend = AbortableBackend()  # httpx 0.28 builds its pool privately
-    http_client = httpx.Client(transport=transport, timeout=timeout, follow_redirects=True)
-    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout, http_client=http_client)
+    # The SDK, with a pool of its own, for the rare calls that are not streamed (summaries,
+    # classification); one client per configuration, shared by threads (httpx clients are thread-safe).
+    return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout)
