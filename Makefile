@@ -62,9 +62,9 @@ bench-ws: migrate
 
 # Issue 34: many runs per worker process on the peers' slow-model workload (../shared/bench/peers:
 # its model server, N conversations, latency L, K tool turns), beside the plain-asyncio ceiling,
-# LangGraph and DBOS in the same run; sizes with SIZES=small,large (bench/concurrent.py --help).
+# LangGraph and DBOS in the same run; sizes with SIZES=small,large (bench/slow_model.py --help).
 bench-concurrent: migrate
-	$(PY) bench/concurrent.py
+	$(PY) bench/slow_model.py
 
 soak: migrate
 	$(PY) bench/chaos_soak.py

@@ -21,7 +21,7 @@ where Warden's models live now, and the runs in flight (workers × runs per work
 concurrency — each checked to apply, so a changed harness stops the bench instead of measuring
 something else.
 
-    .venv/bin/python bench/concurrent.py [--sizes small,large] [--systems "plain langgraph dbos"]
+    .venv/bin/python bench/slow_model.py [--sizes small,large] [--systems "plain langgraph dbos"]
 """
 
 import argparse
