@@ -135,6 +135,9 @@ if not DATABASE_URL.startswith(("postgres://", "postgresql://")):
     raise RuntimeError("Warden runs on PostgreSQL only; DATABASE_URL must be a postgres:// URL.")
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("WARDEN_TEST_DATABASE_NAME") or None}
+# The lease keeper's own connection in a worker process (engine/lease.py): the same database, never
+# from the pool the process's runs share, so a busy pool cannot delay a renewal past the lease.
+DATABASES["leases"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -53,8 +53,9 @@ def _pool_connections() -> None:
     # Django's health check is a round trip per checkout, and a run checks a connection out after
     # every model call: the pool's check looks at the socket instead (_idle_check).
     settings_dict["CONN_HEALTH_CHECKS"] = False
-    settings_dict["OPTIONS"]["pool"] = {"min_size": 1, "max_size": settings.WARDEN_WORKER_DB_POOL_SIZE,
-                                        "timeout": 30, "max_idle": 60}
+    # A new OPTIONS dict: the other aliases (the lease keeper's, the live layer's) share the old one.
+    settings_dict["OPTIONS"] = {**settings_dict["OPTIONS"], "pool": {
+        "min_size": 1, "max_size": settings.WARDEN_WORKER_DB_POOL_SIZE, "timeout": 30, "max_idle": 60}}
     connections[DEFAULT_DB_ALIAS].pool._check = _idle_check  # psycopg_pool keeps its check there
 
 

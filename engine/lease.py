@@ -17,7 +17,7 @@ import time
 import uuid
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from engine.state import Lease, lease_renew_many, runs_cancel_requested, steps_streamed_text_save
 from runs_app.providers.interrupt import CallInterrupt
@@ -70,10 +70,19 @@ class RunBeat:
 Heartbeat = RunBeat
 
 
+def _keeper_alias() -> str:
+    """The lease keeper's connection: its own alias where the process's runs share a pool (a
+    worker process driving many runs, engine/executor.py), else the thread's default one."""
+    if "leases" in settings.DATABASES and connections.settings[DEFAULT_DB_ALIAS]["OPTIONS"].get("pool"):
+        return "leases"
+    return DEFAULT_DB_ALIAS
+
+
 def _renew(beats: list[RunBeat]) -> tuple[int, int]:
     """Extend these leases in one statement and save what their models have streamed:
     (lost, skipped)."""
-    found = lease_renew_many(leases=[beat.lease for beat in beats])
+    using = _keeper_alias()
+    found = lease_renew_many(leases=[beat.lease for beat in beats], using=using)
     lost = skipped = 0
     texts = []
     for beat in beats:
@@ -89,13 +98,14 @@ def _renew(beats: list[RunBeat]) -> tuple[int, int]:
         streamed = beat.streamed()
         if streamed is not None:
             texts.append(streamed)
-    steps_streamed_text_save(texts=texts)
+    steps_streamed_text_save(texts=texts, using=using)
     return lost, skipped
 
 
 class LeaseKeeper:
-    """The process's heartbeat: one thread, one connection (given back to the pool between beats),
-    every lease the process holds renewed in one statement each WARDEN_HEARTBEAT_SECONDS.
+    """The process's heartbeat: one thread, one connection of its own (the `leases` alias, outside
+    the pool the runs share: a busy pool never delays a renewal), every lease the process holds
+    renewed in one statement each WARDEN_HEARTBEAT_SECONDS.
 
     A run held longer than its slice plus the task timeout is hung (django-q2's SIGALRM guards
     only a process's main thread): its lease is no longer renewed, so it expires, the sweeper
@@ -132,7 +142,7 @@ class LeaseKeeper:
             with self._lock:
                 beats = list(self._beats.values())
             if not beats:
-                connection.close()  # nothing held: keep no connection (a test database can be dropped)
+                connections[_keeper_alias()].close()  # nothing held: keep no connection (a test database can be dropped)
                 next_renewal = time.monotonic() + settings.WARDEN_HEARTBEAT_SECONDS
                 continue
             try:
@@ -143,7 +153,7 @@ class LeaseKeeper:
                     self._look_for_cancels(beats)
             except Exception:  # a dropped connection: try again next time; the leases may still hold
                 logger.warning("heartbeat for %d runs failed", len(beats), exc_info=True)
-                connection.close()
+                connections[_keeper_alias()].close()
             finally:
                 connection_give_back()
 
@@ -167,7 +177,7 @@ class LeaseKeeper:
 
     def _look_for_cancels(self, beats: list[RunBeat]) -> None:
         watched = {str(beat.lease.run_id): beat for beat in beats if not beat.cancel_requested.is_set()}
-        for run_id in runs_cancel_requested(run_ids=list(watched)):
+        for run_id in runs_cancel_requested(run_ids=list(watched), using=_keeper_alias()):
             watched[run_id].cancel()
 
 

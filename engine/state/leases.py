@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from config import rows
@@ -119,12 +119,12 @@ def _owner_at_limit(run: Run) -> bool:
         return cursor.fetchone()[0] >= settings.WARDEN_CUSTOMER_MAX_RUNNING
 
 
-def lease_renew_many(*, leases: list[Lease]) -> dict[str, Renewal]:
+def lease_renew_many(*, leases: list[Lease], using: str = DEFAULT_DB_ALIAS) -> dict[str, Renewal]:
     """Extend every lease a worker process holds, in one statement (one heartbeat per process,
     not one per run): by run id, what each renewal found."""
     if not leases:
         return {}
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_RENEW_MANY, [[lease.run_id for lease in leases], [lease.token for lease in leases],
                                      RunStatus.RUNNING, lease_expiry(), RunStatus.RUNNING])
         found = cursor.fetchall()
@@ -139,24 +139,24 @@ def lease_renew(*, lease: Lease) -> tuple[bool, bool]:
     return not renewal.lost, renewal.cancel_requested
 
 
-def runs_cancel_requested(*, run_ids: list[str]) -> list[str]:
+def runs_cancel_requested(*, run_ids: list[str], using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Which of these runs have a cancel requested (the heartbeat's frequent look, cheaper than a
     renewal: a cancelled run's open model stream is closed at once, not at the next beat)."""
     if not run_ids:
         return []
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute('SELECT "id" FROM "runs_app_run" WHERE "id" = ANY(%s::uuid[]) AND "cancel_requested_at" IS NOT NULL '
                        'AND "status" = %s', [run_ids, RunStatus.RUNNING])
         return [str(row[0]) for row in cursor.fetchall()]
 
 
-def steps_streamed_text_save(*, texts: list[tuple[int, int, str]]) -> None:
+def steps_streamed_text_save(*, texts: list[tuple[int, int, str]], using: str = DEFAULT_DB_ALIAS) -> None:
     """What the models have streamed so far on their running steps, as (step id, lease token,
     text), in one statement (a console joining mid-stream shows it)."""
     if not texts:
         return
     ids, tokens, values = zip(*texts)
-    with connection.cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(
             'UPDATE "runs_app_step" s SET "streamed_text" = t."text" '
             'FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS t("id", "token", "text") '

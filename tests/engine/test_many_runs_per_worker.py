@@ -86,10 +86,10 @@ def test_a_cancel_closes_one_runs_model_stream_while_fifty_others_in_the_process
     posted = _post_runs(51)
 
     # One process has all 51 model calls open at once, holding no database connection through them:
-    # the worker's pool is 8; beside it the live layer's own pool (PostgreSQL layer only) and the
-    # cluster's sentinel, pusher and monitor.
+    # the worker's pool is 8; beside it its lease keeper's own connection, the live layer's own pool
+    # (PostgreSQL layer only) and the cluster's sentinel, pusher (with its doorbell) and monitor.
     wait_for(lambda: model_server.in_flight() == 51, timeout=120, message="51 model calls in flight from one process")
-    assert _connections("fleet-one") <= POOL + _layer_connections() + 4
+    assert _connections("fleet-one") <= POOL + 1 + _layer_connections() + 4
     assert len({Run.objects.get(pk=run.id).lease_owner.split(":")[1] for run, _ in posted}) == 1  # one pid
 
     cancelled, owner = posted[0]
@@ -140,3 +140,34 @@ def test_a_killed_process_holding_twenty_runs_mid_stream_has_each_completed_once
         steps = list(Step.objects.filter(run=run, kind=StepKind.MODEL).order_by("index").values_list("status", "discard_reason"))
         assert steps[0] == (StepStatus.DISCARDED, "worker lost mid-stream; output discarded")
         assert steps[1:] and {status for status, _ in steps[1:]} == {StepStatus.COMPLETED}
+
+
+def test_one_customers_runs_take_at_most_their_share_while_anothers_go_on(procs, demo_world, model_server):
+    """WARDEN_CUSTOMER_MAX_RUNNING=1: a customer with three sessions gets one run at a time; a
+    second customer's run is not kept waiting behind them; the others run once a slot is theirs."""
+    for _ in range(2):
+        model_server.enqueue(text=["It is sunny", " in Lisbon."], finish="stop", chunk_delay=HELD_SECONDS)
+    procs.start_workers("limited", workers=1, env={
+        "OPENAI_BASE_URL": model_server.base_url, "OPENAI_API_KEY": "test", "OPENAI_TIMEOUT_SECONDS": str(2 * HELD_SECONDS),
+        "WARDEN_RUNS_PER_WORKER": "20", "WARDEN_CUSTOMER_MAX_RUNNING": "1",
+    })
+    busy, other = UserFactory(), UserFactory()
+    with override_settings(WARDEN_MODEL_PROVIDER="openai"):
+        busy_runs = [message_post(session=session_open(owner=busy, title=f"busy {n}"),
+                                  content=f"Busy question {n}: the weather in Lisbon?", acting_user=busy).run for n in range(3)]
+        other_run = message_post(session=session_open(owner=other, title="other"),
+                                 content="Other question: the weather in Lisbon?", acting_user=other).run
+
+    # Both customers have a model call open: the busy one exactly one, whatever its three sessions.
+    wait_for(lambda: model_server.in_flight() == 2, timeout=120, message="one call of each customer in flight")
+    assert model_server.request_number("Other question") is not None
+    assert sum(model_server.request_number(f"Busy question {n}:") is not None for n in range(3)) == 1
+    assert Run.objects.filter(pk__in=[r.id for r in busy_runs], status=RunStatus.RUNNING).count() == 1
+    assert Run.objects.filter(pk__in=[r.id for r in busy_runs], status=RunStatus.QUEUED).count() == 2
+
+    model_server.release_held()  # from here every answer comes at once
+    ids = [r.id for r in busy_runs] + [other_run.id]
+    wait_for(lambda: Run.objects.filter(pk__in=ids, status=RunStatus.COMPLETED).count() == 4, timeout=120,
+             message="every run to complete, the busy customer's one after another")
+    for run in busy_runs + [other_run]:
+        assert _answers(run) == 1 and _claims(run.id) == 1
