@@ -27,10 +27,11 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from psycopg_pool import ConnectionPool
 
+from engine.lease import connection_give_back
 from engine.loop import drive_stop_soon, run_drive
 from engine.queue import run_enqueue_now
 from operations import liveness
-from runs_app.models import RunStatus
+from runs_app.models import Run, RunStatus
 
 logger = logging.getLogger("warden.engine")
 
@@ -78,6 +79,13 @@ class RunExecutor:
         self._pid = os.getpid()
 
     def submit(self, run_id: str) -> str:
+        # A task for a run that is not queued (a duplicate: the sweeper re-announces runs that wait
+        # long in the queue) ends here, without waiting for a slot behind the runs in flight.
+        queued = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).exists()
+        connection_give_back()
+        if not queued:
+            liveness.count("tasks:not-claimable")
+            return "not-claimable"
         if not self._slots.acquire(timeout=slot_wait_seconds()):
             liveness.count("tasks:no-free-slot")
             run_enqueue_now(run_id)  # every slot busy all that time: back to the queue

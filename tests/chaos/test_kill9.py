@@ -41,16 +41,22 @@ def test_sigkill_at_named_points_and_at_random_books_every_refund_at_most_once(p
              timeout=120, message="every run to wait for its approval")
     procs.stop("plain")
 
+    # Windows 1 and 2 need the same cluster to go on after each death: one run per worker process
+    # there (WARDEN_RUNS_PER_WORKER=1). A process driving many runs waits for tasks inside
+    # django-q2's queue read, holding the queue's lock; killed there, it leaves its cluster's queue
+    # locked for good (docs/OPERATIONS.md, "Workers") — the other clusters below carry on.
+    one_at_a_time = {"WARDEN_RUNS_PER_WORKER": "1"}
+
     # 1. Die right after the idempotency key is committed, before the payment service is called.
     key_window = runs[0:2]
-    procs.start_workers("die-after-key", workers=1, env={"WARDEN_FAULT_POINTS": "after_key_commit=die"})
+    procs.start_workers("die-after-key", workers=1, env={"WARDEN_FAULT_POINTS": "after_key_commit=die", **one_at_a_time})
     _approve(desk_operator, key_window)
     wait_for(lambda: all(_refund(r).status != ToolCallStatus.PENDING for r in key_window), message="the key-window writes to start")
     procs.stop("die-after-key")
 
     # 2. Die after the payment service booked the refund, before the result is committed.
     call_window = runs[2:4]
-    procs.start_workers("die-after-call", workers=1, env={"WARDEN_FAULT_POINTS": "after_downstream_call=die"})
+    procs.start_workers("die-after-call", workers=1, env={"WARDEN_FAULT_POINTS": "after_downstream_call=die", **one_at_a_time})
     _approve(desk_operator, call_window)
     wait_for(lambda: all(sim_refund_count(order_id=_refund(r).arguments["order_id"]) == 1 for r in call_window),
              message="the call-window refunds to be booked")
