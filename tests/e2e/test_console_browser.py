@@ -229,6 +229,8 @@ def test_typing_while_busy_offers_the_modes_and_cancel_stops_the_run(console_ser
     first = Run.objects.get(session_id=session_id)
     page.click(f'section#run-{first.pk} [data-role="cancel"]')
     page.wait_for_selector(f'section#run-{first.pk}[data-status="cancelled"]')
+    # The status comes with the event; the final state (effects) as the server renders it, just after.
+    page.wait_for_selector(f'section#run-{first.pk} [data-role="effects"]')
     assert "No side effects were applied." in page.inner_text(f"section#run-{first.pk}")
     # The queued question starts the next run as the first one ends; it appears by itself.
     page.wait_for_function("() => document.querySelectorAll('section.run').length === 2")
