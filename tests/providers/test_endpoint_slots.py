@@ -62,40 +62,36 @@ def test_a_call_past_the_endpoints_limit_waits_for_a_slot_then_is_a_transient_er
     assert _call(5)[0] == TextDelta("cloudy")  # the slot is free again
 
 
-def test_a_cancelled_run_stops_waiting_for_a_slot_at_once(held):
-    _hold_the_only_slot(held)
-    interrupt = CallInterrupt()
-    failed = []
+def _interruptible_call(interrupt: CallInterrupt) -> tuple[threading.Thread, list[str]]:
+    """A call made in a thread of its own under `interrupt`; its transient errors are collected."""
+    failed: list[str] = []
 
-    def waiting():
+    def call() -> None:
         with interruptible(interrupt):
             try:
                 _call(900)
             except TransientModelError as error:
                 failed.append(str(error))
 
-    waiter = threading.Thread(target=waiting, daemon=True)
-    waiter.start()
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread, failed
+
+
+def test_a_cancelled_run_stops_waiting_for_a_slot_at_once(held):
+    _hold_the_only_slot(held)
+    interrupt = CallInterrupt()
+    waiter, failed = _interruptible_call(interrupt)
     interrupt.abort()
     waiter.join(timeout=30)
     assert failed and "aborted while waiting" in failed[0]
     assert len(held.requests) == 1
 
 
-def test_an_abort_closes_the_open_stream_of_its_own_call_only(held):
+def test_an_abort_closes_its_calls_open_stream(held):
     held.enqueue(text=["sunny"], finish="stop", chunk_delay=600)
     interrupt = CallInterrupt()
-    failed = []
-
-    def streaming():
-        with interruptible(interrupt):
-            try:
-                _call(900)
-            except TransientModelError as error:
-                failed.append(str(error))
-
-    caller = threading.Thread(target=streaming, daemon=True)
-    caller.start()
+    caller, failed = _interruptible_call(interrupt)
     wait_for(lambda: held.in_flight() == 1, timeout=30, message="the call to be in flight")
     interrupt.abort()
     caller.join(timeout=30)
