@@ -18,7 +18,7 @@ def banner_lines(env: dict[str, str]) -> list[str]:
     """What `serve_all` prints about the demo world (cli/banner.py)."""
     sim = env["WARDEN_SIM_BASE_URL"]
     return [
-        f"payment sim  {sim} (demo mode)",
+        f"payment sim  {sim.rstrip('/')}/ (demo mode)",
         f"webhooks     {sim.rstrip('/')}/webhooks/ (the demo receiver)",
         f"operator     {DEMO_OPERATOR[0]} / {DEMO_OPERATOR[1]}",
         f"customer     {DEMO_CUSTOMER[0]} / {DEMO_CUSTOMER[1]}",

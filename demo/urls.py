@@ -7,6 +7,8 @@ from django.urls import include, path
 from demo import views
 
 service = [
+    # What `serve_all`'s banner links to: the service's own description, so the link answers.
+    path("", views.service_index_view, name="index"),
     path("orders/<str:order_id>", views.order_detail_view, name="order-detail"),
     path("users/<str:user_id>/level", views.user_level_view, name="user-level"),
     path("weather", views.weather_view, name="weather"),

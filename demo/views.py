@@ -198,6 +198,27 @@ def _csrf_failure(request: HttpRequest) -> str | None:
     return check.process_view(request, None, (), {})
 
 
+def service_index_view(request: HttpRequest) -> JsonResponse:
+    """What this service is and what it answers: the page `serve_all`'s banner links to."""
+    if request.method != "GET":
+        return _method_not_allowed(request, ["GET"])
+    return JsonResponse({
+        "service": "The simulated order and payment service of Warden's demo (demo mode only); it stands "
+                   "for an external system, so it has a server of its own. The demo's tools call it.",
+        "endpoints": {
+            "GET orders/<order id>": "an order",
+            "GET users/<user id>/level": "a customer's level",
+            "GET weather?city=<city>": "the weather",
+            "POST refunds (Idempotency-Key)": "book a refund, once per key",
+            "GET refunds?idempotency_key=<key>": "what a key booked (reconciliation)",
+            "GET refunds/count?order_id=<order id>": "refunds booked for an order",
+            "GET, POST, DELETE faults": "armed faults (signed-in staff, or the desk's demo buttons)",
+            "webhooks/": "the demo's webhook receiver and the list of what arrived (signed-in staff)",
+        },
+        "walk-through": "docs/DEMO.md",
+    })
+
+
 @csrf_exempt  # checked below, so a failure answers JSON
 def faults_view(request: HttpRequest) -> JsonResponse:
     """For the desk's demo buttons, server to server (the token of demo.client: no
