@@ -1,0 +1,3 @@
+from warden_client.cli import main
+
+raise SystemExit(main())
