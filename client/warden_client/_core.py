@@ -15,9 +15,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from warden_client import __version__
-from warden_client.errors import (
-    APIConnectionError, APIError, StreamError, error_from_response, retry_after_of,
-)
+from warden_client.errors import APIConnectionError, StreamError, error_from_response, retry_after_of
 from warden_client.models import Event, Page, Resource
 from warden_client.sse import ServerSentEvent
 
@@ -92,7 +90,7 @@ def _query_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if hasattr(value, "isoformat"):
-        return value.isoformat()
+        return str(value.isoformat())
     return str(value)
 
 
@@ -115,7 +113,7 @@ class RetryPolicy:
 
     def backoff_delay(self, attempt: int) -> float:
         """The pause after the `attempt`-th failure in a row (1, 2, …)."""
-        ceiling = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+        ceiling = min(self.max_backoff, self.backoff * 2.0 ** (attempt - 1))
         return ceiling * random.uniform(0.5, 1.0)
 
     def after_response(self, call: Call[Any], attempt: int, response: httpx.Response) -> float | None:
@@ -191,7 +189,7 @@ class ReconnectPolicy:
     max_seconds: int | None = None  # ask the server to end each connection after this long
 
     def delay(self, failures: int) -> float:
-        return min(self.max_backoff, self.backoff * 2 ** (failures - 1)) * random.uniform(0.75, 1.0)
+        return min(self.max_backoff, self.backoff * 2.0 ** (failures - 1)) * random.uniform(0.75, 1.0)
 
 
 class EventStreamState:
@@ -241,8 +239,6 @@ class EventStreamState:
                 return 0.0
             # Nothing came on that connection: the server's reconnection delay (`retry:`), not a hot loop.
             return (self._server_retry_ms or 1000) / 1000
-        if self.delivered_in_connection:
-            self.failures = 0
         if not isinstance(exc, RETRY_EXCEPTIONS):
             raise exc
         return self._failed(connection_error(f"the event stream {API_PREFIX}{self.path}", exc, self.failures + 1))
@@ -285,7 +281,3 @@ def _json_object(text: str) -> dict[str, Any]:
         return {}
     return value if isinstance(value, dict) else {}
 
-
-__all__ = [
-    "APIError", "Call", "EventStreamState", "ReconnectPolicy", "RetryPolicy", "body", "page_of", "query", "result_of",
-]

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from warden_client._core import Call, Query, body, page_of, query
 from warden_client.models import (
-    Agent, Approval, Event, EventPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
+    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
     SessionDetail, ToolCall,
 )
 
@@ -66,8 +66,27 @@ def sessions_message_post(session_id: str, content: str, *, mode: str | None = N
                 body=body(content=content, mode=mode, budgets=budgets), idempotency_key=idempotency_key)
 
 
+def sessions_events(session_id: str, *, after: str | None = None, limit: int | None = None) -> Call[FeedPage]:
+    return Call("GET", f"/sessions/{_id(session_id)}/events", _feed_page, params=query(after=after, limit=limit))
+
+
 def sessions_events_stream_path(session_id: str) -> str:
     return f"/sessions/{_id(session_id)}/events/stream"
+
+
+# --- every run's events (runs_app.follow_all_events) ----------------------------------------------
+
+def events_list(*, after: str | None = None, limit: int | None = None) -> Call[FeedPage]:
+    return Call("GET", "/events", _feed_page, params=query(after=after, limit=limit))
+
+
+EVENTS_STREAM_PATH = "/events/stream"
+
+
+def _feed_page(data: Any) -> FeedPage:
+    """A page of many runs' events in commit order: each item's `cursor` is its `id`."""
+    items = [Event.from_json(item, id=item.get("cursor")) for item in data["items"]]
+    return FeedPage(items=items, next_after=data.get("next_after"))
 
 
 # --- runs ------------------------------------------------------------------------------------------

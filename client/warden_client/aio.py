@@ -17,7 +17,7 @@ from warden_client._core import (
 )
 from warden_client.client import STREAM_READ_TIMEOUT, settings_from_env
 from warden_client.models import (
-    Agent, Approval, Event, EventPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
+    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
     SessionDetail, ToolCall,
 )
 from warden_client.sse import SSEDecoder
@@ -45,6 +45,7 @@ class AsyncWarden:
         self.approvals = AsyncApprovals(self)
         self.agents = AsyncAgents(self)
         self.tool_calls = AsyncToolCalls(self)
+        self.events = AsyncEvents(self)
 
     async def __aenter__(self) -> AsyncWarden:
         return self
@@ -84,6 +85,15 @@ class AsyncWarden:
             if not current.next_cursor:
                 return
             cursor = current.next_cursor
+
+    async def feed(self, page: Callable[[str | None], Call[FeedPage]], after: str | None) -> AsyncIterator[Event]:
+        while True:
+            current = await self.call(page(after))
+            for item in current.items:
+                yield item
+            if not current.items:
+                return
+            after = current.next_after
 
     async def stream(self, state: EventStreamState) -> AsyncIterator[Event]:
         while not state.ended:
@@ -137,6 +147,9 @@ class AsyncSessions(_AsyncResource):
             if not items:
                 return
             after = next_after
+
+    def events(self, session_id: str, *, after: str | None = None, page_size: int | None = None) -> AsyncIterator[Event]:
+        return self._client.feed(lambda cursor: api.sessions_events(session_id, after=cursor, limit=page_size), after)
 
     def stream(self, session_id: str, *, after: str | None = None) -> AsyncIterator[Event]:
         return self._client.stream(EventStreamState(
@@ -214,6 +227,15 @@ class AsyncApprovals(_AsyncResource):
         return await self._client.call(api.approvals_decide(approval_id, "reject", note=note,
                                                             customer_message=customer_message,
                                                             idempotency_key=idempotency_key))
+
+
+class AsyncEvents(_AsyncResource):
+    def iter(self, *, after: str | None = None, page_size: int | None = None) -> AsyncIterator[Event]:
+        return self._client.feed(lambda cursor: api.events_list(after=cursor, limit=page_size), after)
+
+    def stream(self, *, after: str | None = None) -> AsyncIterator[Event]:
+        return self._client.stream(EventStreamState(path=api.EVENTS_STREAM_PATH, run_id=None, last_event_id=after,
+                                                    params=[], policy=self._client.reconnect))
 
 
 class AsyncAgents(_AsyncResource):

@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from itertools import islice
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from warden_client import __version__
 from warden_client.client import Warden
 from warden_client.errors import WardenError
 from warden_client.models import TERMINAL_STATUSES, Event, Resource
+
+if TYPE_CHECKING:
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+Handler = Callable[[Warden, argparse.Namespace, "Output"], int]
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -54,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     _global_options(parser, defaults=True)
     commands = parser.add_subparsers(title="commands", metavar="<command>")
 
-    def command(group: Any, name: str, handler: Any, help: str) -> argparse.ArgumentParser:
+    def command(group: Subcommands, name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
         sub = group.add_parser(name, help=help, description=help)
         _global_options(sub, defaults=False)
         sub.set_defaults(handler=handler)
@@ -119,12 +123,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     # On the command too (`warden runs list --json`): there a default would hide the global one.
-    unset = {} if defaults else {"default": argparse.SUPPRESS}
-    parser.add_argument("--url", help="the server's root URL (env WARDEN_URL; default http://localhost:8000)",
-                        **({"default": None} | unset))
-    parser.add_argument("--api-key", help="an API key, wdn_… (env WARDEN_API_KEY)", **({"default": None} | unset))
-    parser.add_argument("--json", action="store_true", help="machine-readable output",
-                        **({"default": False} | unset))
+    parser.add_argument("--url", default=None if defaults else argparse.SUPPRESS,
+                        help="the server's root URL (env WARDEN_URL; default http://localhost:8000)")
+    parser.add_argument("--api-key", default=None if defaults else argparse.SUPPRESS,
+                        help="an API key, wdn_… (env WARDEN_API_KEY)")
+    parser.add_argument("--json", action="store_true", default=False if defaults else argparse.SUPPRESS,
+                        help="machine-readable output")
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -158,7 +162,7 @@ def _when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _short(text: str, width: int = 80) -> str:
+def _short(text: object, width: int = 80) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
 

@@ -17,7 +17,7 @@ from warden_client._core import (
     RETRY_EXCEPTIONS, Call, EventStreamState, ReconnectPolicy, RetryPolicy, client_headers, connection_error, result_of,
 )
 from warden_client.models import (
-    Agent, Approval, Event, EventPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
+    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
     SessionDetail, ToolCall,
 )
 from warden_client.sse import SSEDecoder
@@ -57,6 +57,7 @@ class Warden:
         self.approvals = Approvals(self)
         self.agents = Agents(self)
         self.tool_calls = ToolCalls(self)
+        self.events = Events(self)
 
     def __enter__(self) -> Warden:
         return self
@@ -100,6 +101,15 @@ class Warden:
             if not current.next_cursor:
                 return
             cursor = current.next_cursor
+
+    def feed(self, page: Callable[[str | None], Call[FeedPage]], after: str | None) -> Iterator[Event]:
+        """Every event of a many-runs feed after the cursor `after`, up to now, page after page."""
+        while True:
+            current = self.call(page(after))
+            yield from current.items
+            if not current.items:
+                return
+            after = current.next_after
 
     def stream(self, state: EventStreamState) -> Iterator[Event]:
         """The events of a stream, reconnecting with Last-Event-ID when its connection ends."""
@@ -161,6 +171,10 @@ class Sessions(_Resource):
             if not items:
                 return
             after = next_after
+
+    def events(self, session_id: str, *, after: str | None = None, page_size: int | None = None) -> Iterator[Event]:
+        """The events of the session's runs committed so far, in commit order, after the cursor `after`."""
+        return self._client.feed(lambda cursor: api.sessions_events(session_id, after=cursor, limit=page_size), after)
 
     def stream(self, session_id: str, *, after: str | None = None) -> Iterator[Event]:
         """The session's events live, across its runs (`GET /sessions/{id}/events/stream`), from the
@@ -252,6 +266,20 @@ class Approvals(_Resource):
                                                       idempotency_key=idempotency_key))
 
 
+class Events(_Resource):
+    """Every run's events the caller may see, in commit order (the key's owner needs the
+    runs_app.follow_all_events permission; 403 otherwise)."""
+
+    def iter(self, *, after: str | None = None, page_size: int | None = None) -> Iterator[Event]:
+        """The events committed so far after the cursor `after` (an event's `id`)."""
+        return self._client.feed(lambda cursor: api.events_list(after=cursor, limit=page_size), after)
+
+    def stream(self, *, after: str | None = None) -> Iterator[Event]:
+        """Every run's events live (`GET /events/stream`), resumed with Last-Event-ID like a session's."""
+        return self._client.stream(EventStreamState(path=api.EVENTS_STREAM_PATH, run_id=None, last_event_id=after,
+                                                    params=[], policy=self._client.reconnect))
+
+
 class Agents(_Resource):
     def list(self) -> list[Agent]:
         return self._client.call(api.agents_list())
@@ -275,4 +303,4 @@ class ToolCalls(_Resource):
         return self._client.call(api.tool_calls_get(tool_call_id))
 
 
-__all__ = ["Agents", "Approvals", "Runs", "Sessions", "ToolCalls", "Warden", "settings_from_env"]
+__all__ = ["Agents", "Approvals", "Events", "Runs", "Sessions", "ToolCalls", "Warden", "settings_from_env"]

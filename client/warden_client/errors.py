@@ -107,7 +107,7 @@ _BY_STATUS: dict[int, type[APIError]] = {
 def request_id_of(headers: httpx.Headers) -> str | None:
     for name in REQUEST_ID_HEADERS:
         if value := headers.get(name):
-            return value
+            return str(value)
     return None
 
 

@@ -8,7 +8,6 @@ already done it — says so in `replayed`."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -39,9 +38,13 @@ class Resource:
         return cls(raw=data, **values)
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _convert(hint: Any, value: Any) -> Any:
@@ -277,6 +280,15 @@ class MessagePosted(Resource):
     message: Message | None = None
     pending_input: PendingInput | None = None
     run: Run
+
+
+@dataclass(frozen=True)
+class FeedPage:
+    """A page of many runs' events (a session's, or every run's) in commit order; pass `next_after`
+    as `after=` to continue (the last item's `id`; the `after` sent when nothing came)."""
+
+    items: list[Event]
+    next_after: str | None
 
 
 T = TypeVar("T")
