@@ -9,6 +9,8 @@ from being staff:
                                   session it belongs to (a run's steps already show its history)
   runs_app.change_run             cancel any run (and so read it)
   runs_app.exceed_budget_caps     start runs with budgets above the configured caps
+  runs_app.follow_all_events      follow the events of every run one may see in one stream (GET
+                                  /events/stream: an integrator's key), not only a session's
   sessions_app.view_session       read any session (its history and pending input), not its runs
   approvals_app.decide_approval   see and decide operator-level approvals, never in one's own session
   tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown, never in one's
@@ -37,6 +39,7 @@ from tools_app.models import ToolCall, ToolCallStatus
 VIEW_ANY_RUN = "runs_app.view_run"
 CANCEL_ANY_RUN = "runs_app.change_run"
 EXCEED_BUDGET_CAPS = "runs_app.exceed_budget_caps"
+FOLLOW_ALL_EVENTS = "runs_app.follow_all_events"
 VIEW_ANY_SESSION = "sessions_app.view_session"
 DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
 RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
@@ -141,6 +144,12 @@ def can_see_runs_of(*, user, session: Session) -> bool:
 def may_exceed_budget_caps(user) -> bool:
     """May ask for budgets above the deployment's caps (WARDEN_MODEL_CALLS_CAP and the others)."""
     return is_active(user) and user.has_perm(EXCEED_BUDGET_CAPS)
+
+
+def can_follow_all_events(*, user) -> bool:
+    """May follow every run they may see in one stream (GET /events): which runs those are is
+    still `visible_runs`' answer — the permission adds the stream, not the runs."""
+    return is_active(user) and user.has_perm(FOLLOW_ALL_EVENTS)
 
 
 def cancels_any_run(user) -> bool:

@@ -7,7 +7,6 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Annotated, Any
 
-from django.contrib.auth import get_user_model
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -28,8 +27,9 @@ from engine.actions.runs import run_fork, run_retry
 from config.fair_share import session_turn
 from runs_app.models import RunOutcome, RunPhase, RunStatus, WaitReason
 from runs_app.selectors import run_event_list, run_get, run_list, run_recent_events, run_steps, run_wait_clock
-from sessions_app.api_keys import ApiKeyRevoked, api_key_authenticate
-from tools_app.selectors import SEARCH_LIMIT, applied_effects, run_ids_matching, runs_calling, tool_calls_of_run
+from tools_app.selectors import (
+    SEARCH_LIMIT, applied_effects, applied_writes_column, money_moved, run_ids_matching, runs_calling, tool_calls_of_run,
+)
 
 router = Router(tags=["runs"])
 
@@ -65,9 +65,17 @@ class RunOut(BaseModel):
     finished_at: datetime | None
 
 
+class MoneyOut(BaseModel):
+    amount: str = Field(description="a decimal number, as the tool's arguments gave it: \"9.00\"")
+    currency: str | None = Field(description="as the tool declares it (ISO 4217: EUR); null: it declares none")
+
+
 class RunListItem(RunOut):
     title: str = Field(description="the session's title")
     agent: str | None = Field(description="the slug of the agent the run was started with; null: before agents")
+    money_moved: list[MoneyOut] = Field(
+        description="what the run's writes that took effect moved, summed per currency (the amounts their tools "
+                    "declare; the run detail's applied_effects lists them); [] when none moved money")
 
 
 class RunPage(Schema):
@@ -311,8 +319,10 @@ def runs_list(
     items, next_cursor = run_list(
         runs=runs, by_owner=access.runs_by_owner(request.auth), statuses=status,
         phase=phase, wait_reason=wait_reason, outcomes=outcome, session_id=session, created_after=created_after,
-        created_before=created_before, cursor=cursor, limit=limit,
+        created_before=created_before, cursor=cursor, limit=limit, columns={"applied_writes": applied_writes_column()},
     )
+    for item in items:
+        item["money_moved"] = money_moved(item.pop("applied_writes"))
     return {"items": items, "next_cursor": next_cursor}
 
 
@@ -393,24 +403,12 @@ def runs_fork(request, run_id: uuid.UUID, payload: ForkIn | None = None):
 # ---------------------------------------------------------------------------
 
 def _still_allowed(request, run_id):
-    """The stream's caller, checked again: the same key (not revoked, owner active) or the same
-    browser session (not logged out, user active). Returns the run as they may see it now (its
-    status and event_seq come with it), or None when they may no longer see it."""
-    header = request.headers.get("Authorization", "")
-    token = header[7:].strip() if header[:7].lower() == "bearer " else None
-    session_key = None if token else request.session.session_key
-    user_id = request.auth.pk
+    """Returns the run as the stream's caller may see it now (its status and event_seq come with
+    it), or None when they may no longer see it."""
+    caller = streams.caller_again(request)
 
     def check():
-        if token:
-            try:
-                user = api_key_authenticate(token=token)
-            except ApiKeyRevoked:
-                return None
-        else:
-            if session_key is None or not request.session.exists(session_key):
-                return None
-            user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+        user = caller()
         return run_get(runs=access.visible_runs(user=user), run_id=run_id) if user is not None else None
 
     return check
@@ -459,6 +457,7 @@ def runs_events_stream(
     `Last-Event-ID` first. Ends when the run is terminal and all events were sent."""
     run = _visible_run(request, run_id)
     return streams.event_stream_response(
-        run=run, after=last_event_id if last_event_id is not None else after, max_seconds=max_seconds,
-        still_allowed=_still_allowed(request, run.pk), customer=_customer_view(request.auth, run), request=request,
+        feed=streams.RunFeed(run=run, customer=_customer_view(request.auth, run)),
+        after=last_event_id if last_event_id is not None else after, max_seconds=max_seconds,
+        still_allowed=_still_allowed(request, run.pk), request=request,
     )

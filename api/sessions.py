@@ -18,9 +18,15 @@ from api.base import (
 )
 from access import policy as access
 from agents.selectors import agent_get
+from api import streams
+from api.events import (
+    FeedPage, SSE_MANY_RUNS_RESPONSE, after_query, customer_view_of, feed_page, last_event_id_header, limit_query,
+    max_seconds_query,
+)
 from api.runs import RunOut
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
+from runs_app.feeds import feed_events
 from sessions_app.models import InputDisposition, InputMode, MessageRole
 from sessions_app.selectors import message_list, message_list_latest, pending_input_list, session_get, session_list
 from sessions_app.services import MAX_MESSAGE_CHARS
@@ -237,3 +243,55 @@ def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
         "pending_input": pending,
         "run": result.run,
     })
+
+
+# ---------------------------------------------------------------------------
+# The session's events: every run's, in commit order (runs_app.feeds; the transport: api/streams.py)
+# ---------------------------------------------------------------------------
+
+def _session_with_runs(request, session_id):
+    """The session, when the caller may see it (404 as the detail) and its runs (403: a reader of
+    sessions who may not read runs)."""
+    session = _visible_session(request, session_id)
+    if not access.can_see_runs_of(user=request.auth, session=session):
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "You may read this session, not its runs' events.")
+    return session
+
+
+@router.get("/{session_id}/events", response={200: FeedPage, **COMMON_ERRORS, **errors(403)},
+            summary="Events of the session's runs, in commit order")
+def sessions_events(request, session_id: uuid.UUID, after: str | None = after_query(), limit: int = limit_query()):
+    """Every event of every run of the session — one run after another, since a session has at most
+    one active run — from the cursor `after`: for catching up after a reconnect, or polling."""
+    session = _session_with_runs(request, session_id)
+    return feed_page(events=feed_events(session_id=session.pk), after=after, limit=limit,
+                     customer_of=customer_view_of(request.auth))
+
+
+@router.get(
+    "/{session_id}/events/stream",
+    response={**COMMON_ERRORS, **errors(403)},
+    summary="Live events of the session's runs (Server-Sent Events)",
+    openapi_extra={"responses": SSE_MANY_RUNS_RESPONSE},
+)
+def sessions_events_stream(
+    request,
+    session_id: uuid.UUID,
+    after: str | None = after_query("start after this cursor (Last-Event-ID wins if both are sent)"),
+    last_event_id: str = last_event_id_header(),
+    max_seconds: int = max_seconds_query(),
+):
+    """Streams the events of the session's runs as they are committed, catching up from `after` /
+    `Last-Event-ID` first. It does not end with a run: the next run's events follow."""
+    session = _session_with_runs(request, session_id)
+    caller = streams.caller_again(request)
+
+    def still_allowed():
+        user = caller()
+        seen = session_get(sessions=access.visible_sessions(user=user), session_id=session.pk) if user is not None else None
+        return seen if seen is not None and access.can_see_runs_of(user=user, session=seen) else None
+
+    feed = streams.ManyRunsFeed(events=feed_events(session_id=session.pk), customer_of=customer_view_of(request.auth),
+                                label=f"session {session.pk}", what="this session", session_id=session.pk)
+    return streams.event_stream_response(feed=feed, after=last_event_id if last_event_id is not None else after,
+                                         max_seconds=max_seconds, still_allowed=still_allowed, request=request)

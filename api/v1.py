@@ -17,7 +17,7 @@ from ninja import NinjaAPI
 from ninja.renderers import BaseRenderer
 from pydantic_core import to_json
 
-from api import agents, approvals, freezes, me, runs, sessions, tool_calls
+from api import agents, approvals, events, freezes, me, runs, sessions, tool_calls
 from api.base import API_AUTH
 from api.errors import ApiRefusal, errors_handled
 from api.idempotency import idempotent
@@ -148,12 +148,14 @@ api = WardenAPI(
     throttle=API_THROTTLES,
     renderer=JsonRenderer(),
 )
-for router in (me.router, sessions.router, runs.router, agents.router, tool_calls.router, approvals.router, freezes.router):
+for router in (me.router, sessions.router, runs.router, events.router, agents.router, tool_calls.router, approvals.router,
+               freezes.router):
     router.add_decorator(_query_parameters_declared, mode="view")
     router.add_decorator(_known_query_parameters_only, mode="operation")
 api.add_router("/me", me.router)
 api.add_router("/sessions", sessions.router)
 api.add_router("/runs", runs.router)
+api.add_router("/events", events.router)
 api.add_router("/agents", agents.router)
 api.add_router("/tool-calls", tool_calls.router)
 api.add_router("/approvals", approvals.router)

@@ -2,7 +2,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Func, Q
+from django.db.models.functions import Cast
 
 
 class RunStatus(models.TextChoices):
@@ -202,7 +203,10 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        permissions = [("exceed_budget_caps", "Can set a run's budgets above the configured caps")]
+        permissions = [
+            ("exceed_budget_caps", "Can set a run's budgets above the configured caps"),
+            ("follow_all_events", "Can follow the account-wide event stream"),
+        ]
         constraints = [
             *_run_state_constraints(),
             # At most one non-terminal run per session, whatever the code does.
@@ -291,6 +295,11 @@ class RunEvent(models.Model):
     type = models.CharField(max_length=40)
     payload = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The id of the transaction that wrote the event (pg_current_xact_id), set by the database on
+    # every insert, raw or not: with the row's id it orders the events of many runs as they were
+    # committed, for the session and account streams (runs_app.feeds).
+    xact_id = models.BigIntegerField(db_default=Cast(Cast(Func(function="pg_current_xact_id", output_field=models.TextField()),
+                                                           models.TextField()), models.BigIntegerField()))
 
     class Meta:
         ordering = ["run", "seq"]
@@ -298,6 +307,7 @@ class RunEvent(models.Model):
             models.UniqueConstraint(fields=["run", "seq"], name="run_event_run_seq_unique"),
             models.CheckConstraint(condition=Q(seq__gte=1), name="run_event_seq_positive"),
         ]
+        indexes = [models.Index(fields=["xact_id", "id"], name="run_event_commit_order")]
 
     def __str__(self) -> str:
         return f"{self.seq} {self.type}"

@@ -84,12 +84,13 @@ def run_list(
     created_before: datetime | None = None,
     cursor: str | None = None,
     limit: int,
+    columns: dict | None = None,
 ) -> tuple[list[dict], str | None]:
     """Newest first with keyset pagination on (created_at, id); one query per page. `runs` is what
     the caller may see (access.visible_runs); `by_owner` says it is one customer's runs, so the page
-    is read from the owner's index. Rows are dicts: at a page of 200 building model instances costs
-    more than the query."""
-    queryset = runs.values(*RUN_LIST_FIELDS, **{name: F(path) for name, path in RUN_LIST_JOINED.items()})
+    is read from the owner's index; `columns` are expressions of the apps above, by name, read in the
+    same query. Rows are dicts: at a page of 200 building model instances costs more than the query."""
+    queryset = runs.values(*RUN_LIST_FIELDS, **{name: F(path) for name, path in RUN_LIST_JOINED.items()}, **(columns or {}))
     wanted = set(statuses) if statuses else None
     implied = _implied_statuses(phase=phase, wait_reason=wait_reason)
     if implied is not None:

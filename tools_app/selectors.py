@@ -7,13 +7,16 @@ import uuid
 from decimal import Decimal, InvalidOperation
 
 from django.contrib.auth import get_user_model
-from django.db.models import BooleanField, Q, QuerySet
+from django.contrib.postgres.aggregates import JSONBAgg
+from django.db.models import BooleanField, JSONField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import JSONObject
 
 from config.pagination import keyset_page
 from runs_app.models import Run
 from runs_app.selectors import run_session_owner_in
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
+from tools_app.registry import tool_get
 
 # A desk search stops collecting matches here: it narrows a list, it is not an export.
 SEARCH_LIMIT = 2000
@@ -42,15 +45,39 @@ def tool_calls_of_run(*, run_id) -> list[ToolCall]:
                 .order_by("step__index", "index"))
 
 
+# A write that took effect downstream. A call answered from an earlier identical one (reused_from)
+# did not write again.
+APPLIED_WRITE = Q(effect=ToolEffect.WRITE, status=ToolCallStatus.SUCCEEDED, reused_from__isnull=True)
+
+
 def applied_effects(*, run_id) -> list[dict]:
     """Writes of this run that took effect downstream: what a cancelled or failed run must show."""
     return [
         {"tool_call": str(c.id), "tool": c.tool_name, "arguments": c.arguments, "result": c.result,
          "idempotency_key": c.idempotency_key, "finished_at": c.finished_at.isoformat() if c.finished_at else None}
-        # A call answered from an earlier identical one (reused_from) did not write again.
-        for c in ToolCall.objects.filter(run_id=run_id, effect=ToolEffect.WRITE, status=ToolCallStatus.SUCCEEDED,
-                                         reused_from__isnull=True).order_by("finished_at")
+        for c in ToolCall.objects.filter(APPLIED_WRITE, run_id=run_id).order_by("finished_at")
     ]
+
+
+def applied_writes_column() -> Subquery:
+    """For a page of runs (runs_app.selectors.run_list's `columns`): each run's writes that took
+    effect, as [{"tool", "arguments"}] — the calls of `applied_effects` — read in the page's query."""
+    writes = (ToolCall.objects.filter(APPLIED_WRITE, run_id=OuterRef("pk")).values("run_id")
+              .annotate(writes=JSONBAgg(JSONObject(tool="tool_name", arguments="arguments"))).values("writes"))
+    return Subquery(writes, output_field=JSONField())
+
+
+def money_moved(writes: list[dict] | None) -> list[dict]:
+    """What applied writes moved, summed per currency, as their tools declare amounts (Tool.money_of,
+    what the desk and the events show): [{"amount": "9.00", "currency": "EUR"}]; [] for none."""
+    totals: dict[str | None, Decimal] = {}
+    for write in writes or ():
+        tool = tool_get(write["tool"])
+        amount, currency = tool.money_of(write["arguments"]) if tool is not None else (None, None)
+        if amount is not None:
+            totals[currency] = totals.get(currency, Decimal(0)) + amount
+    return [{"amount": str(amount), "currency": currency}
+            for currency, amount in sorted(totals.items(), key=lambda total: total[0] or "")]
 
 
 def writes_in_doubt(*, run_id) -> QuerySet[ToolCall]:

@@ -2,6 +2,7 @@
 applied side effects; the event log; cancellation (requested is not done, SPEC §9)."""
 
 import json
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -10,8 +11,8 @@ from django.utils import timezone
 from approvals_app.models import ApprovalStatus, AuditEntry
 from runs_app.models import Run, RunStatus
 from tests.support.api import grant
-from tests.support.factories import RunFactory, SessionFactory, UserFactory
-from tools_app.models import ToolCallStatus
+from tests.support.factories import RunFactory, SessionFactory, ToolCallFactory, UserFactory
+from tools_app.models import ToolCallStatus, ToolEffect
 
 pytestmark = pytest.mark.django_db
 
@@ -97,6 +98,32 @@ def test_list_item_shape(alice, alice_api):
         "failed", None, None, "budget_tokens")
     waiting = items[str(runs["waiting_approval"].pk)]
     assert (waiting["phase"], waiting["wait_reason"]) == (None, "approval")
+
+
+def test_list_items_carry_the_money_their_applied_writes_moved_per_currency(alice, alice_api):
+    """What the desk shows as the run's applied effects, summed per currency its tool declares
+    (execute_refund: USD); a write that did not take effect, or was answered by an earlier identical
+    call, moved nothing."""
+    run, other, quiet = (RunFactory(session=SessionFactory(owner=alice), status=RunStatus.COMPLETED, phase="",
+                                    finished_at=timezone.now())
+                         for _ in range(3))
+
+    def write(run, tool_name, arguments, **fields):
+        return ToolCallFactory(step__run=run, run=run, tool_name=tool_name, effect=ToolEffect.WRITE, arguments=arguments,
+                               finished_at=timezone.now(), idempotency_key=f"refund:{uuid.uuid4()}",
+                               **{"status": ToolCallStatus.SUCCEEDED, **fields})
+
+    first = write(run, "execute_refund", {"order_id": "9527", "amount": "9.00"})
+    write(run, "execute_refund", {"order_id": "9528", "amount": "1.50"})
+    write(run, "execute_refund", {"order_id": "9529", "amount": "100.00"}, status=ToolCallStatus.FAILED)
+    write(run, "execute_refund", {"order_id": "9527", "amount": "9.00"}, reused_from=first)
+    write(other, "execute_refund", {"order_id": "9530", "amount": "20.00"}, status=ToolCallStatus.UNKNOWN)
+    ToolCallFactory(step__run=quiet, run=quiet, status=ToolCallStatus.SUCCEEDED, finished_at=timezone.now())  # a read
+
+    items = {item["id"]: item for item in alice_api.get("/runs").json()["items"]}
+    assert items[str(run.pk)]["money_moved"] == [{"amount": "10.50", "currency": "USD"}]
+    assert items[str(other.pk)]["money_moved"] == []
+    assert items[str(quiet.pk)]["money_moved"] == []
 
 
 def test_operators_list_every_run_through_view_run(alice, bob, bob_api):
