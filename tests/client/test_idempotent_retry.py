@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 def test_a_message_whose_answer_was_dropped_is_stored_once_and_the_retry_gets_the_first_answer(
         procs, customer, customer_key):
     procs.start_web()
-    session = Warden(procs.base_url, customer_key, trust_env=False).sessions.create(title="refunds")
+    with Warden(procs.base_url, customer_key, trust_env=False) as direct:
+        session = direct.sessions.create(title="refunds")
 
     with DroppingProxy(upstream_port=procs.port) as proxy:
         http = httpx.Client(base_url=proxy.base_url, trust_env=False)
