@@ -13,15 +13,15 @@ from warden_client.errors import (  # noqa: E402
     PermissionDeniedError, RateLimitedError, ServerError, StreamError, ValidationError, WardenError,
 )
 from warden_client.models import (  # noqa: E402
-    Agent, Approval, ApprovalToolCall, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, PendingInput, Run,
-    RunDetail, RunListItem, Session, SessionDetail, ToolCall,
+    Agent, Approval, ApprovalToolCall, Event, EventPage, FeedPage, Me, Message, MessagePosted, Money, Page,
+    PendingInput, Run, RunDetail, RunListItem, Session, SessionDetail, ToolCall,
 )
 from warden_client.sse import ServerSentEvent, SSEDecoder  # noqa: E402
 
 __all__ = [
     "APIConnectionError", "APIError", "Agent", "Approval", "ApprovalToolCall", "AsyncWarden", "AuthenticationError",
-    "BadRequestError", "Call", "ConflictError", "Event", "EventPage", "FeedPage", "Me", "Message", "MessagePosted", "NotFoundError",
-    "Page", "PendingInput", "PermissionDeniedError", "RateLimitedError", "ReconnectPolicy", "RetryPolicy", "Run",
-    "RunDetail", "RunListItem", "SSEDecoder", "ServerError", "ServerSentEvent", "Session", "SessionDetail",
-    "StreamError", "ToolCall", "ValidationError", "Warden", "WardenError", "__version__",
+    "BadRequestError", "Call", "ConflictError", "Event", "EventPage", "FeedPage", "Me", "Message", "MessagePosted",
+    "Money", "NotFoundError", "Page", "PendingInput", "PermissionDeniedError", "RateLimitedError", "ReconnectPolicy",
+    "RetryPolicy", "Run", "RunDetail", "RunListItem", "SSEDecoder", "ServerError", "ServerSentEvent", "Session",
+    "SessionDetail", "StreamError", "ToolCall", "ValidationError", "Warden", "WardenError", "__version__",
 ]

@@ -262,7 +262,8 @@ def _runs_list(client: Warden, args: argparse.Namespace, out: Output) -> int:
         out.document(runs)
         return 0
     for run in runs:
-        out.line(f"{run.id}  {_when(run.created_at)}  {run.status:<9}  {run.outcome or '-':<11}  "
+        money = ", ".join(str(moved) for moved in run.money_moved) or "-"
+        out.line(f"{run.id}  {_when(run.created_at)}  {run.status:<9}  {run.outcome or '-':<11}  {money:<12}  "
                  f"{run.agent or '-':<16}  {_short(run.title, 40)}")
     return 0
 

@@ -148,9 +148,19 @@ class Run(Resource):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Money(Resource):
+    amount: str  # a decimal number as the tool's arguments gave it, "9.00": never a float
+    currency: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.amount} {self.currency}" if self.currency else self.amount
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunListItem(Run):
     title: str = ""
     agent: str | None = None
+    money_moved: list[Money] = field(default_factory=list)  # what its applied writes moved, per currency
 
 
 @dataclass(frozen=True, kw_only=True)
