@@ -13,7 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection, transaction
@@ -29,6 +28,7 @@ from tests.support.console import (
 )
 from tests.support.factories import ApiKeyFactory, RunEventFactory, RunFactory, SessionFactory, UserFactory
 from tests.support.processes import ProcessGroup, wait_for
+from tests.support.sse import SseClient
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -78,43 +78,6 @@ class CountingDaphne:
         return [line.split("\t", 1)[1] for line in lines if not line.startswith(HEARTBEAT_THREAD + "\t")]
 
 
-class SseClient:
-    """One SSE connection, read frame by frame: {"id", "event", "data", "comment", "retry"}."""
-
-    def __init__(self, base_url: str, run_id, key: str, **params):
-        self._stream = httpx.stream("GET", f"{base_url}/api/v1/runs/{run_id}/events/stream", params=params,
-                                    headers={"Authorization": f"Bearer {key}"}, timeout=60, trust_env=False)
-        self.response = self._stream.__enter__()
-        assert self.response.status_code == 200, self.response.read()
-        assert self.response.headers["content-type"] == "text/event-stream"
-        self._lines = self.response.iter_lines()
-        self._open = True
-
-    def frame(self) -> dict:
-        fields: dict[str, str] = {}
-        for line in self._lines:
-            if line == "":
-                if fields:
-                    return fields
-            elif line.startswith(":"):
-                fields["comment"] = line[1:].strip()
-            else:
-                name, _, value = line.partition(":")
-                fields[name] = value.removeprefix(" ")
-        raise EOFError("the stream ended")
-
-    def event_frame(self) -> dict:
-        """The next frame that is not a keepalive."""
-        while "comment" in (frame := self.frame()):
-            pass
-        return frame
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._stream.__exit__(None, None, None)
-
-
 @pytest.fixture(params=["postgres", pytest.param("redis", marks=pytest.mark.redis)])
 def layer(request, transactional_db):
     """The layer daphne and this process (which appends the events, and so rings the doorbells)
@@ -152,6 +115,10 @@ def waiting_run():
     return run, ApiKeyFactory(owner=owner).secret
 
 
+def stream_path(run: Run) -> str:
+    return f"/api/v1/runs/{run.pk}/events/stream"
+
+
 def append_input(run: Run, *notes: str) -> None:
     """Events committed the way the engine commits them (run_write), so the doorbell rings after commit."""
     with transaction.atomic():
@@ -185,7 +152,7 @@ def test_events_appended_by_another_process_reach_the_client_in_order_by_doorbel
     # Without a doorbell nothing would arrive: no polling, no idle reads for the life of the test.
     daphne.start(SSE_POLL_WITHOUT_LAYER_SECONDS=3600, SSE_IDLE_READ_KEEPALIVES=1000)
     run, key = waiting_run
-    client = SseClient(daphne.procs.base_url, run.pk, key, max_seconds=300)
+    client = SseClient(daphne.procs.base_url, stream_path(run), key, max_seconds=300)
     try:
         assert client.frame() == {"retry": "2000"}
         assert [client.event_frame()["id"] for _ in range(2)] == ["1", "2"]
@@ -227,7 +194,7 @@ def test_an_idle_stream_reads_the_database_only_for_its_idle_reads(daphne, waiti
     daphne.start(SSE_KEEPALIVE_SECONDS=keepalive, SSE_RECHECK_SECONDS=2 * keepalive, SSE_IDLE_READ_KEEPALIVES=2,
                  SSE_POLL_WITHOUT_LAYER_SECONDS=0.25)
     run, key = waiting_run
-    clients = [SseClient(daphne.procs.base_url, run.pk, key, max_seconds=300) for _ in range(streams)]
+    clients = [SseClient(daphne.procs.base_url, stream_path(run), key, max_seconds=300) for _ in range(streams)]
     try:
         for client in clients:  # caught up, then quiet (and joined its group long since)
             assert [client.event_frame().get("id") for _ in range(3)] == [None, "1", "2"]  # retry, 1, 2
@@ -262,8 +229,8 @@ def test_a_client_that_goes_away_leaves_the_sessions_group(daphne, waiting_run, 
     daphne.start()
     run, key = waiting_run
     group = session_group(run.session_id)
-    first = SseClient(daphne.procs.base_url, run.pk, key)
-    second = SseClient(daphne.procs.base_url, run.pk, key)
+    first = SseClient(daphne.procs.base_url, stream_path(run), key)
+    second = SseClient(daphne.procs.base_url, stream_path(run), key)
     try:
         for client in (first, second):
             assert [client.event_frame().get("id") for _ in range(3)] == [None, "1", "2"]
@@ -282,7 +249,7 @@ def test_the_wire_format_is_unchanged_by_the_doorbell(daphne, waiting_run):
     """The same frames as the test client's (polling) stream: retry, events, end."""
     daphne.start()
     run, key = waiting_run
-    client = SseClient(daphne.procs.base_url, run.pk, key)
+    client = SseClient(daphne.procs.base_url, stream_path(run), key)
     try:
         finish(run)
         raw = []
