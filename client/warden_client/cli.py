@@ -15,6 +15,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, TextIO
 
 from warden_client import __version__
+from warden_client._core import ReconnectPolicy
 from warden_client.client import Warden
 from warden_client.errors import WardenError
 from warden_client.models import TERMINAL_STATUSES, Event, Resource
@@ -22,6 +23,8 @@ from warden_client.models import TERMINAL_STATUSES, Event, Resource
 if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 Handler = Callable[[Warden, argparse.Namespace, "Output"], int]
+
+TAIL_RECONNECT = ReconnectPolicy(max_attempts=40, backoff=0.5, max_backoff=10.0)
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -244,6 +247,8 @@ def _say(client: Warden, args: argparse.Namespace, out: Output) -> int:
 
 
 def _tail(client: Warden, args: argparse.Namespace, out: Output) -> int:
+    # Someone watching (or a script waiting) outlasts a server's restart: minutes, not seconds.
+    client.reconnect = TAIL_RECONNECT
     for event in client.sessions.stream(args.session, after=args.after):
         out.json_line(event) if out.json_mode else out.line(event_line(event))
         if args.until_idle and _run_ended(event) and client.sessions.get(args.session).active_run_id is None:
@@ -290,6 +295,7 @@ def _runs_show(client: Warden, args: argparse.Namespace, out: Output) -> int:
 
 
 def _runs_tail(client: Warden, args: argparse.Namespace, out: Output) -> int:
+    client.reconnect = TAIL_RECONNECT
     for event in client.runs.stream(args.run):
         out.json_line(event) if out.json_mode else out.line(event_line(event))
     return 0

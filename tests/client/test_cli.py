@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from runs_app.models import Run, RunEvent, RunStatus
+from tests.support.api import build_world
 from tests.support.processes import wait_for
 from warden_client import Warden
 
@@ -111,3 +112,31 @@ def test_runs_are_found_and_shown_and_errors_are_one_line_with_the_apis_code(pro
     assert refused.returncode == 1 and refused.stderr.startswith("warden: validation_error (422): ")
     no_key = warden("me", key="", url=url, check=False)
     assert no_key.returncode == 2 and "WARDEN_API_KEY" in no_key.stderr
+
+
+def test_an_operator_lists_and_rejects_approvals_and_a_customer_cancels_and_reads(procs, customer, customer_key,
+                                                                                  operator_key):
+    world = build_world(customer)
+    procs.start_web()
+    url = procs.base_url
+
+    queue = warden("approvals", "list", key=operator_key, url=url).stdout.splitlines()
+    assert [line.split()[0] for line in queue] == [str(world.operator_approval.pk)]
+    assert "execute_refund" in queue[0] and "operator" in queue[0]
+    rejected = warden("approvals", "reject", str(world.operator_approval.pk), "--reason", "a duplicate",
+                      "--customer-message", "This order was refunded already.", key=operator_key, url=url)
+    assert rejected.stdout == f"rejected: approval {world.operator_approval.pk}\n"
+    world.operator_approval.refresh_from_db()
+    assert (world.operator_approval.status, world.operator_approval.note, world.operator_approval.customer_message) == (
+        "rejected", "a duplicate", "This order was refunded already.")
+    again = warden("approvals", "approve", str(world.operator_approval.pk), key=operator_key, url=url, check=False)
+    assert again.returncode == 1 and re.fullmatch(r"warden: \w+ \(409\): .+\n", again.stderr)
+    assert json.loads(warden("approvals", "list", "--all", "--json", key=operator_key, url=url).stdout)
+
+    cancelled = warden("runs", "cancel", str(world.approval_run.pk), "--reason", "changed my mind", key=customer_key, url=url)
+    assert cancelled.stdout.startswith(f"cancel requested: run {world.approval_run.pk} ")
+    assert Run.objects.get(pk=world.approval_run.pk).cancel_reason == "changed my mind"
+    shown = warden("sessions", "show", str(world.session.pk), key=customer_key, url=url).stdout
+    assert "refund order 9527" in shown and "Done: refunded." in shown
+    assert str(world.session.pk) in warden("sessions", "list", key=customer_key, url=url).stdout
+    assert warden("me", key=operator_key, url=url).stdout.startswith("desk-operator (operator permissions: ")
