@@ -173,7 +173,9 @@ class Sessions(_Resource):
             after = next_after
 
     def events(self, session_id: str, *, after: str | None = None, page_size: int | None = None) -> Iterator[Event]:
-        """The events of the session's runs committed so far, in commit order, after the cursor `after`."""
+        """The events of the session's runs committed so far, in commit order, after the cursor `after`.
+        The API holds back events behind a transaction still running (an empty page), so the last
+        events committed may come only on a later call, or by `stream`."""
         return self._client.feed(lambda cursor: api.sessions_events(session_id, after=cursor, limit=page_size), after)
 
     def stream(self, session_id: str, *, after: str | None = None) -> Iterator[Event]:
