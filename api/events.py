@@ -38,7 +38,13 @@ def after_query(description: str = "the cursor of the last event seen (absent: f
 
 
 def last_event_id_header():
-    return Header(None, alias="Last-Event-ID", max_length=40, pattern=EVENT_CURSOR_PATTERN)
+    # Empty as well: an SSE client whose last event had no id sends an empty Last-Event-ID.
+    return Header(None, alias="Last-Event-ID", pattern=f"^({EVENT_CURSOR_PATTERN.strip('^$')})?$")
+
+
+def resume_from(*, last_event_id: str | None, after: str | None) -> str | None:
+    """Where a stream starts: Last-Event-ID wins over ?after= (an empty one names no event)."""
+    return last_event_id or after
 
 
 def max_seconds_query():
@@ -135,5 +141,5 @@ def events_stream(
     feed = streams.ManyRunsFeed(events=_events_of(request.auth), customer_of=customer_view_of(request.auth),
                                 label=f"every run of user {request.auth.pk}", what="these events",
                                 events_for=_events_of)
-    return streams.event_stream_response(feed=feed, after=last_event_id if last_event_id is not None else after,
+    return streams.event_stream_response(feed=feed, after=resume_from(last_event_id=last_event_id, after=after),
                                          max_seconds=max_seconds, still_allowed=still_allowed, request=request)

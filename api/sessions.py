@@ -21,7 +21,7 @@ from agents.selectors import agent_get
 from api import streams
 from api.events import (
     FeedPage, SSE_MANY_RUNS_RESPONSE, after_query, customer_view_of, feed_page, last_event_id_header, limit_query,
-    max_seconds_query,
+    max_seconds_query, resume_from,
 )
 from api.runs import RunOut
 from engine.actions.messages import message_post
@@ -293,5 +293,5 @@ def sessions_events_stream(
 
     feed = streams.ManyRunsFeed(events=feed_events(session_id=session.pk), customer_of=customer_view_of(request.auth),
                                 label=f"session {session.pk}", what="this session", session_id=session.pk)
-    return streams.event_stream_response(feed=feed, after=last_event_id if last_event_id is not None else after,
+    return streams.event_stream_response(feed=feed, after=resume_from(last_event_id=last_event_id, after=after),
                                          max_seconds=max_seconds, still_allowed=still_allowed, request=request)

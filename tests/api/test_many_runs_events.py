@@ -129,7 +129,7 @@ def test_a_malformed_cursor_is_a_422(alice, alice_api, two_runs, path, params, h
     response = alice_api.get(path.format(session=session.pk), params, **headers)
     assert response.status_code == 422, response.content
     assert response["Content-Type"].startswith("application/json")
-    assert isinstance(response.json()["code"], str) and response.json()["message"]
+    assert response.json()["code"] == "validation_error" and response.json()["message"]
 
 
 def test_another_users_session_is_404_like_its_detail(bob_api, two_runs):
