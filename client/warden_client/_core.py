@@ -181,7 +181,8 @@ def client_headers(api_key: str | None, extra: Mapping[str, str] | None) -> dict
 class ReconnectPolicy:
     """A stream whose connection broke reconnects with Last-Event-ID, at most `max_attempts` times
     in a row without receiving an event, waiting `backoff` seconds doubled each time up to
-    `max_backoff`. A stream the server ended (its `max_seconds`) is reopened at once."""
+    `max_backoff`. A stream the server ended (its `max_seconds`) is reopened at once — after the
+    server's `retry:` delay when that connection brought no event, so an idle stream never spins."""
 
     max_attempts: int = 8
     backoff: float = 0.5

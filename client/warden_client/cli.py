@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 Handler = Callable[[Warden, argparse.Namespace, "Output"], int]
 
+# The API lists pending approvals unless told otherwise, and has no "any status".
+APPROVAL_STATUSES = ["pending", "approved", "rejected", "expired", "withdrawn"]
 TAIL_RECONNECT = ReconnectPolicy(max_attempts=40, backoff=0.5, max_backoff=10.0)
 
 EXIT_ERROR = 1
@@ -315,7 +317,7 @@ def _runs_retry(client: Warden, args: argparse.Namespace, out: Output) -> int:
 
 def _approvals_list(client: Warden, args: argparse.Namespace, out: Output) -> int:
     approvals = _take(client.approvals.iter(decidable=False if args.all else None,
-                                            status=["pending", "approved", "rejected", "expired"] if args.all else None,
+                                            status=APPROVAL_STATUSES if args.all else None,
                                             limit=min(max(args.limit, 1), 200)), args.limit)
     if out.json_mode:
         out.document(approvals)
