@@ -14,6 +14,8 @@ from datetime import datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TextIO
 
+import httpx
+
 from warden_client import __version__
 from warden_client._core import ReconnectPolicy
 from warden_client.client import Warden
@@ -49,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WardenError as error:
         print(f"warden: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except (httpx.HTTPError, httpx.InvalidURL) as error:  # `--url localhost:8000` (no scheme), say
+        print(f"warden: bad_url: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `warden runs list | head`
