@@ -115,6 +115,20 @@ def test_the_session_stream_goes_on_across_runs_and_resumes_from_last_event_id(a
     assert next(again).decode() == ": keepalive\n\n"  # and then nothing: no duplicate, no end
 
 
+def test_an_open_session_stream_ends_when_its_key_is_revoked(alice, two_runs, fast_stream, monkeypatch):
+    """The same re-check and the same `error` frame as a run's stream, about the session."""
+    from sessions_app.api_keys import api_key_revoke
+
+    monkeypatch.setattr(streams, "SSE_RECHECK_SECONDS", 0.02)
+    session, expected = two_runs
+    key = ApiKeyFactory(owner=alice)
+    stream = iter(Api(key.secret).get(f"/sessions/{session.pk}/events/stream", {"max_seconds": 60}).streaming_content)
+    assert len(sse_events(stream, len(expected))) == len(expected)
+    api_key_revoke(api_key=key)
+    rest = [chunk.decode() for chunk in stream if not chunk.startswith(b":")]
+    assert rest == ['event: error\ndata: {"code": "access_revoked", "message": "You may no longer see this session."}\n\n']
+
+
 @pytest.mark.parametrize("path,params,headers", [
     ("/sessions/{session}/events", {"after": "12"}, {}),
     ("/sessions/{session}/events", {"after": "1_2_3"}, {}),
