@@ -34,6 +34,7 @@ OBJECT_ENDPOINTS = {
     ("GET", "/sessions/{session_id}"): SESSIONS,
     ("GET", "/sessions/{session_id}/messages"): SESSIONS,
     ("POST", "/sessions/{session_id}/messages"): SESSIONS,
+    ("GET", "/sessions/{session_id}/events"): SESSIONS,
     ("GET", "/runs/{run_id}"): RUNS,
     ("GET", "/runs/{run_id}/events"): RUNS,
     ("GET", "/runs/{run_id}/events/stream"): ["run"],  # a live run's stream would wait for events
@@ -61,6 +62,9 @@ OTHER_ENDPOINTS = {("GET", "/me"), ("POST", "/sessions")}
 AGENT_ENDPOINTS = {("GET", "/agents"), ("GET", "/agents/{slug}"), ("POST", "/agents"), ("PUT", "/agents/{slug}")}
 # Freezing money movement needs approvals_app.freeze_money, which no caller of the matrix has.
 FREEZE_ENDPOINTS = {("GET", "/freezes"), ("POST", "/freezes"), ("POST", "/freezes/{freeze_id}/lift")}
+# Streams that never end by themselves (a session's, every run's), and every run's events, which
+# need runs_app.follow_all_events: no caller of the matrix has it.
+FEED_ENDPOINTS = {("GET", "/sessions/{session_id}/events/stream"), ("GET", "/events"), ("GET", "/events/stream")}
 
 BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
@@ -77,7 +81,28 @@ BODIES = {
 def test_the_matrix_covers_every_endpoint_of_the_api():
     schema = api.get_openapi_schema(path_prefix="")
     served = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
-    assert served == set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS | FREEZE_ENDPOINTS
+    assert served == (set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS | FREEZE_ENDPOINTS
+                      | FEED_ENDPOINTS)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize(("method", "path"), sorted(FEED_ENDPOINTS))
+def test_many_runs_feeds_answer_as_the_session_detail_and_need_their_permission(caller, method, path):
+    scene = Scene()
+    session = scene.world.session
+    response = scene.callers[caller].get(path.format(session_id=session.pk), {"max_seconds": 1} if "stream" in path else {})
+    if caller in ("anonymous", "revoked_key"):
+        want = 401
+    elif not path.startswith("/sessions"):
+        want = 403
+    else:
+        want = 200 if caller in ("owner", "operator") else 404
+    assert response.status_code == want, caller
+    if want == 200:
+        stream = iter(response.streaming_content)
+        assert next(stream) == b"retry: 2000\n\n" and next(stream).startswith(b"id: ")
+    else:
+        assert response.json()["code"] and str(session.pk) not in response.content.decode()
 
 
 @pytest.mark.parametrize("caller", CALLERS)
@@ -188,7 +213,8 @@ def read_shows_the_object(path: str, obj, body: str) -> bool:
     if path.endswith("/messages"):
         return len(json.loads(body)["items"]) == Message.objects.filter(session=obj).count()
     if path.endswith("/events"):
-        return len(json.loads(body)["items"]) == RunEvent.objects.filter(run=obj).count()
+        events = RunEvent.objects.filter(run__session=obj) if path.startswith("/sessions") else RunEvent.objects.filter(run=obj)
+        return len(json.loads(body)["items"]) == events.count()
     if path.endswith("/stream"):
         return body.count("\nid: ") + body.startswith("id: ") == RunEvent.objects.filter(run=obj).count()
     return str(obj.pk) in body
