@@ -38,7 +38,12 @@ decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unkn
 `approvals_app.freeze_money` (freeze and unfreeze an agent's, a tool's or a customer's writes). Four
 eyes: neither decision is yours to make in your own session. A message's `budgets` are capped by the
 deployment (403 `budget_over_cap` names the cap) unless you have `runs_app.exceed_budget_caps`.
-Whatever you may not see answers 404.
+`runs_app.follow_all_events` opens `GET /events` and `/events/stream`: every run you may see, in
+one stream. Whatever you may not see answers 404.
+
+**Events.** A run's events page and stream by their `seq`; a session's, and every run's, in commit
+order by a cursor (`<digits>_<digits>`): send the last one back as `Last-Event-ID` or `?after=` and
+nothing is missed or repeated. A session's stream stays open from one run to the next.
 
 **Retries.** Send an `Idempotency-Key` header (1–255 characters, e.g. a UUID) with any POST: the
 same key and body again return the first response (with `Idempotent-Replayed: true`) and do
