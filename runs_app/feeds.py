@@ -23,13 +23,24 @@ from runs_app.models import RunEvent
 # "<transaction id>_<event id>": every string matching it names a position (18 digits stay in a bigint).
 EVENT_CURSOR_PATTERN = r"^[0-9]{1,18}_[0-9]{1,18}$"
 
-# The lowest id of a transaction still running, but the reader's own: below it every other
-# transaction has committed or rolled back. From the read's own snapshot (uncorrelated: computed once
-# per read): its in-progress list, else its xmax — or one more than that when xmax is the reader's own
-# transaction (it has not ended, so xmax stops there; PostgreSQL's xmin counts it too, and a reader
-# inside a transaction that wrote events — a test's — would wait on itself).
+# The lowest id of a transaction still running, but the reader's own and those of other databases:
+# below it every transaction that could have written here has committed or rolled back. From the
+# read's own snapshot (uncorrelated: computed once per read): its in-progress list, else its xmax —
+# or one more than that when xmax is the reader's own transaction (it has not ended, so xmax stops
+# there; PostgreSQL's xmin counts it too, and a reader inside a transaction that wrote events — a
+# test's — would wait on itself).
+# Transaction ids are the whole server's, so a long writing transaction in another database on the
+# same server would hold every feed back. Its id is left out when the server's activity shows a
+# backend of another database (or none) running it: a backend never changes database, and no two
+# running transactions share the low 32 bits the activity shows, so whenever the activity was read
+# that attribution holds. An id the reader may not attribute (the backend's role is not the reader's
+# and it lacks pg_read_all_stats; a prepared transaction) stays in: the barrier errs on waiting.
 _BARRIER_SQL = (
-    "SELECT least((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s) AS x), "
+    "SELECT least((SELECT min(x::text::bigint) FROM pg_snapshot_xip(s) AS x "
+    "WHERE mod(x::text::bigint, 4294967296) NOT IN ("
+    "SELECT a.backend_xid::text::bigint FROM pg_stat_get_activity(NULL) AS a "
+    "WHERE a.backend_xid IS NOT NULL "
+    "AND a.datid IS DISTINCT FROM (SELECT oid FROM pg_database WHERE datname = current_database()))), "
     "pg_snapshot_xmax(s)::text::bigint + (pg_snapshot_xmax(s) IS NOT DISTINCT FROM pg_current_xact_id_if_assigned())::int) "
     "FROM pg_current_snapshot() AS s"
 )

@@ -4,9 +4,9 @@ with one cursor. Who may read them is the access policy's answer; a cursor the s
 out is a 422. The last test holds transactions open to show the order is the commits' order, not
 the ids': an event that took a lower id but committed later is delivered, not skipped.
 
-Another transaction on the same PostgreSQL server (another test database's) can hold events back
-for a moment — that is the rule that makes the cursor safe — so reads that expect events wait for
-them (`read_all`) rather than expect them at once."""
+Another writing transaction in the test database can hold events back for a moment — that is the
+rule that makes the cursor safe — so reads that expect events wait for them (`read_all`) rather than
+expect them at once. One in another database on the same server (another test database's) does not."""
 
 import json
 import uuid
@@ -199,10 +199,10 @@ def test_the_account_feed_holds_every_run_the_caller_may_see_and_no_other(alice,
 
 SLOW, FAST = "step_started", "input_queued"
 
-def open_writer() -> psycopg.Connection:
-    """A connection of its own to the test database, whose transactions the test opens and commits."""
+def open_writer(dbname: str | None = None) -> psycopg.Connection:
+    """A connection of its own to the test database (or `dbname`), whose transactions the test opens and commits."""
     settings = connection.settings_dict
-    return psycopg.connect(dbname=settings["NAME"], host=settings["HOST"], port=settings["PORT"] or 5432,
+    return psycopg.connect(dbname=dbname or settings["NAME"], host=settings["HOST"], port=settings["PORT"] or 5432,
                            user=settings["USER"], password=settings["PASSWORD"] or None)
 
 
@@ -255,3 +255,22 @@ def test_an_event_committed_after_a_later_one_is_delivered_not_skipped(alice):
     finally:
         slow.close()
         fast.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writing_transaction_in_another_database_does_not_hold_the_feed_back(alice):
+    """Transaction ids are the whole server's: a long writing transaction in another database (a
+    neighbour's application on a shared server) has an id below the events' own. It cannot write
+    here, so the barrier leaves it out and the events come while it stays open; one in this
+    database (the test above) holds them."""
+    api = Api(ApiKeyFactory(owner=grant(alice, FOLLOW_ALL)).secret)
+    run = RunFactory(session=SessionFactory(owner=alice))
+    neighbour, writer = open_writer("postgres"), open_writer()
+    try:
+        neighbour.execute("SELECT pg_current_xact_id()")  # an id taken, the transaction left open
+        with writer.transaction():
+            event_id = insert_event(writer, run, 1, FAST)
+        assert [item["cursor"].split("_")[1] for item in read_all(api, "/events", 1)] == [str(event_id)]
+    finally:
+        neighbour.close()
+        writer.close()
