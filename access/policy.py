@@ -45,6 +45,8 @@ DECIDE_OPERATOR_APPROVALS = "approvals_app.decide_approval"
 RECONCILE_TOOL_CALLS = "tools_app.reconcile_toolcall"
 ARM_DEMO_FAULTS = "demo.change_simfault"
 MANAGE_AGENTS = "agents.change_agent"
+MANAGE_MODEL_ENDPOINTS = "runs_app.change_modelendpoint"
+VIEW_MODEL_ENDPOINTS = "runs_app.view_modelendpoint"
 FREEZE_MONEY = "approvals_app.freeze_money"
 
 
@@ -368,6 +370,17 @@ def can_reconcile_tool_call(*, user, tool_call: ToolCall) -> bool:
 def can_manage_agents(*, user) -> bool:
     """May define agents and save new versions of them (the admin's agent pages, POST/PUT /agents)."""
     return is_active(user) and user.has_perm(MANAGE_AGENTS)
+
+
+def can_manage_model_endpoints(*, user) -> bool:
+    """May define model endpoints and set or rotate their credentials (the desk's Model endpoints)."""
+    return is_active(user) and user.has_perm(MANAGE_MODEL_ENDPOINTS)
+
+
+def can_see_model_endpoints(*, user) -> bool:
+    """May read the model endpoints (never a credential: nobody may) — to name one in an agent."""
+    return is_active(user) and (user.has_perm(VIEW_MODEL_ENDPOINTS) or user.has_perm(MANAGE_MODEL_ENDPOINTS)
+                                or user.has_perm(MANAGE_AGENTS))
 
 
 def can_see_agents(*, user) -> bool:

@@ -1,13 +1,14 @@
 """What an agent definition may say, and what its approval rules mean (docs/EXTENDING.md).
 
-An agent is the deployment's own: instructions, a model provider and model, the tools it may use,
-default and maximum budgets, approval rules and the classifier of interjections. Every save of
-a definition becomes a new immutable AgentVersion, and a run keeps the version it started with.
+An agent is the deployment's own: instructions, a model provider or a model endpoint (which implies
+the provider) and a model, the tools it may use, default and maximum budgets, approval rules and the
+classifier of interjections. Every save of a definition becomes a new immutable AgentVersion, and a
+run keeps the version it started with.
 
-`agent_definition_check` refuses a definition that names an unknown tool or provider, whose
-rules do not parse, or one of whose rules can never apply (an earlier rule already covers every
-argument it would match: first match wins) — naming the field, so the admin and the API can say
-where. `approval_rule_match` is the run-time's evaluation of the rules on a call's validated
+`agent_definition_check` refuses a definition that names an unknown tool, provider or model
+endpoint, or a model its endpoint does not offer, whose rules do not parse, or one of whose rules
+can never apply (an earlier rule already covers every argument it would match: first match wins) —
+naming the field, so the admin and the API can say where. `approval_rule_match` is the run-time's evaluation of the rules on a call's validated
 arguments: the first rule whose condition holds decides who must approve, and why."""
 
 import json
@@ -22,6 +23,8 @@ from django.utils.text import slugify
 from agents.errors import AgentRefusal
 from agents.limits import limits_check, write_caps_check
 from config.errors import WardenError
+from runs_app.endpoints import ENDPOINT_OPTION, ENDPOINT_PROVIDERS, endpoint_get, endpoint_model_names, endpoint_names
+from runs_app.models import ModelEndpoint
 from tools_app.models import ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, tool_get, tool_list
 
@@ -331,10 +334,16 @@ def agent_definition_check(definition: dict) -> dict:
         errors["instructions"] = "at most 20000 characters"
     else:
         clean["instructions"] = instructions.strip()
-    provider = definition.get("provider") or settings.WARDEN_MODEL_PROVIDER
+    endpoint = _endpoint_check(definition.get("endpoint") or "", errors)
+    clean["endpoint"] = endpoint.name if endpoint is not None else ""
+    provider = definition.get("provider") or (ENDPOINT_PROVIDERS[endpoint.kind] if endpoint is not None else
+                                              settings.WARDEN_MODEL_PROVIDER)
     if provider not in settings.WARDEN_PROVIDERS:
         errors["provider"] = (f"unknown provider {provider!r}; configured (WARDEN_PROVIDERS): "
                               f"{', '.join(sorted(settings.WARDEN_PROVIDERS))}")
+    elif endpoint is not None and provider != ENDPOINT_PROVIDERS[endpoint.kind]:
+        errors["provider"] = (f"endpoint {endpoint.name!r} speaks {endpoint.get_kind_display()}: its provider is "
+                              f"{ENDPOINT_PROVIDERS[endpoint.kind]!r} (or leave the provider blank)")
     else:
         clean["provider"] = provider
     model = definition.get("model") or ""
@@ -342,9 +351,14 @@ def agent_definition_check(definition: dict) -> dict:
         errors["model"] = "a model name of at most 100 characters"
     else:
         clean["model"] = model.strip()
+        if endpoint is not None and clean["model"] not in (offered := endpoint_model_names(endpoint)):
+            errors["model"] = (f"{clean['model']!r} is not a model endpoint {endpoint.name!r} offers" if clean["model"] else
+                               f"endpoint {endpoint.name!r} needs one of its models") + f"; it offers: {', '.join(offered) or 'none yet'}"
     options = definition.get("provider_options") or {}
     if not isinstance(options, dict):
         errors["provider_options"] = "a JSON object"
+    elif ENDPOINT_OPTION in options:
+        errors["provider_options"] = f"{ENDPOINT_OPTION!r} is the agent's own field, not a provider option"
     elif "\\u0000" in json.dumps(options, default=str):
         errors["provider_options"] = "must not contain NUL characters"
     else:
@@ -391,6 +405,16 @@ def agent_definition_check(definition: dict) -> dict:
     if errors:
         raise AgentDefinitionInvalid(errors)
     return clean
+
+
+def _endpoint_check(name: Any, errors: dict[str, str]) -> ModelEndpoint | None:
+    if not name:
+        return None
+    endpoint = endpoint_get(name=name) if isinstance(name, str) else None
+    if endpoint is None:
+        errors["endpoint"] = (f"unknown model endpoint {name!r}; defined (the desk's Model endpoints): "
+                              f"{', '.join(endpoint_names()) or 'none'}")
+    return endpoint
 
 
 def approval_requirement(*, version, tool, arguments: dict) -> RuleMatch:

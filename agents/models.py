@@ -40,6 +40,10 @@ class AgentVersion(models.Model):
     name = models.CharField(max_length=100)
     instructions = models.TextField()
     provider = models.CharField(max_length=32)
+    # The model endpoint its runs call (docs/EXTENDING.md), `model` being one it offers; null: the
+    # deployment's default endpoint (the OPENAI_* settings) or a provider that needs none.
+    endpoint = models.ForeignKey("runs_app.ModelEndpoint", null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="agent_versions")
     model = models.CharField(max_length=100, blank=True)
     provider_options = models.JSONField(default=dict, blank=True)
     # Tool names (the run-time's own ask_user is always offered besides).

@@ -31,13 +31,14 @@ def run_offered_tools(run) -> list[str] | None:
 
 def agent_list() -> list[Agent]:
     """The agents that have a definition (everyone signed in may read them: access.can_see_agents)."""
-    return list(Agent.objects.select_related("current_version").filter(current_version__isnull=False).order_by("name", "id"))
+    return list(Agent.objects.select_related("current_version__endpoint").filter(current_version__isnull=False)
+                .order_by("name", "id"))
 
 
 def agent_get(*, slug: str) -> Agent | None:
     if not AGENT_SLUG.fullmatch(slug or ""):
         return None
-    return Agent.objects.select_related("current_version").filter(slug=slug, current_version__isnull=False).first()
+    return Agent.objects.select_related("current_version__endpoint").filter(slug=slug, current_version__isnull=False).first()
 
 
 def agent_default() -> Agent | None:

@@ -20,6 +20,7 @@ class AgentVersionOut(Schema):
     name: str
     instructions: str
     provider: str
+    endpoint: str = Field(description="the model endpoint its runs call (by name); empty: the deployment's default")
     model: str
     provider_options: ShownJSON
     tools: list[str]
@@ -35,6 +36,10 @@ class AgentVersionOut(Schema):
                                     '"over": "operator|user|refuse", "approvers": N}, …]}')
     created_by: str | None
     created_at: datetime
+
+    @staticmethod
+    def resolve_endpoint(version) -> str:
+        return version.endpoint.name if version.endpoint_id else ""
 
     @staticmethod
     def resolve_created_by(version) -> str | None:
@@ -66,6 +71,8 @@ class AgentIn(BodyIn):
     instructions: StorableText = Field(max_length=20_000)
     provider: StorableText | None = Field(None, max_length=32,
                                           description="a name in WARDEN_PROVIDERS; default WARDEN_MODEL_PROVIDER")
+    endpoint: StorableText = Field("", max_length=64, description="a model endpoint's name (the desk's Model endpoints); "
+                                                                 "the provider follows from it, the model must be one it offers")
     model: StorableText = Field("", max_length=100)
     provider_options: StorableJSON = Field(default_factory=dict)
     tools: list[str] = Field(default_factory=list, description="registered tool names (WARDEN_TOOL_MODULES)")

@@ -102,7 +102,7 @@ def instrument(meter: Meter):
                 meter.add_outside(started)
                 yield event
 
-    model_step.get_provider = lambda name: TimedProvider(real_get_provider(name))
+    model_step.get_provider = lambda name, **kwargs: TimedProvider(real_get_provider(name, **kwargs))
     tool = registry.tool_get("noop")
 
     def timed_noop(ctx, args):

@@ -5,7 +5,6 @@ import json
 import re
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 
 from access import policy as access
@@ -14,6 +13,7 @@ from agents.models import Agent, AgentVersion
 from desk.base import ReadOnlyAdmin, ReadOnlyInline
 from desk.display import pretty_json
 from engine.actions.agents import agent_definition_of, agent_save
+from runs_app.endpoints import endpoint_names
 
 
 def _json_field(label: str, help_text: str) -> forms.CharField:
@@ -30,8 +30,13 @@ class AgentForm(forms.ModelForm):
 
     instructions = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 90}),
                                    help_text="The system prompt the agent's model gets.")
-    provider = forms.CharField(max_length=32, help_text="A name in WARDEN_PROVIDERS (scripted, openai, or the deployment's own).")
-    model = forms.CharField(max_length=100, required=False, help_text="The model name the provider is asked for.")
+    endpoint = forms.ChoiceField(required=False, help_text="The model endpoint its runs call (Model endpoints); blank: "
+                                                           "the deployment's default (OPENAI_* settings).")
+    provider = forms.CharField(max_length=32, required=False,
+                               help_text="A name in WARDEN_PROVIDERS (scripted, openai, or the deployment's own); blank: the "
+                                         "endpoint's, else WARDEN_MODEL_PROVIDER.")
+    model = forms.CharField(max_length=100, required=False,
+                            help_text="The model name the provider is asked for; with an endpoint, one it offers.")
     tools = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 90}),
                             help_text="Tool names, comma- or line-separated (registered through WARDEN_TOOL_MODULES). "
                                       "ask_user is always offered.")
@@ -60,6 +65,7 @@ class AgentForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.fields["endpoint"].choices = [("", "— the default (OPENAI_* settings) —"), *((n, n) for n in endpoint_names())]
         if "slug" in self.fields:  # read-only once the agent exists
             self.fields["slug"].required = False
             self.fields["slug"].help_text = "Derived from the name when left blank; sessions name the agent by it."
@@ -68,14 +74,12 @@ class AgentForm(forms.ModelForm):
             for field in self.JSON_FIELDS:
                 self.initial[field] = json.dumps(definition[field], indent=2)
             self.initial["tools"] = ", ".join(definition["tools"])
-            for field in ("instructions", "provider", "model", "interjection_classifier"):
+            for field in ("instructions", "provider", "endpoint", "model", "interjection_classifier"):
                 self.initial[field] = definition[field]
-        else:
-            self.initial.setdefault("provider", settings.WARDEN_MODEL_PROVIDER)
 
     def clean(self):
         cleaned = super().clean()
-        definition = {field: cleaned.get(field) for field in ("name", "slug", "instructions", "provider", "model",
+        definition = {field: cleaned.get(field) for field in ("name", "slug", "instructions", "provider", "endpoint", "model",
                                                                "interjection_classifier")}
         definition["tools"] = [t.strip() for t in re.split(r"[,\n]", cleaned.get("tools") or "") if t.strip()]
         for field in self.JSON_FIELDS:
@@ -100,7 +104,7 @@ class AgentForm(forms.ModelForm):
 class AgentVersionInline(ReadOnlyInline):
     model = AgentVersion
     fk_name = "agent"
-    fields = ("number", "name", "provider", "model", "tools", "created_by", "created_at")
+    fields = ("number", "name", "provider", "endpoint", "model", "tools", "created_by", "created_at")
     readonly_fields = fields
     ordering = ("-number",)
 
@@ -114,7 +118,7 @@ class AgentAdmin(admin.ModelAdmin):
     list_display = ("name", "slug", "version", "tools_list", "provider_model", "updated_at")
     inlines = [AgentVersionInline]
     fieldsets = (
-        (None, {"fields": ("name", "slug", "instructions", "provider", "model", "tools", "interjection_classifier")}),
+        (None, {"fields": ("name", "slug", "instructions", "endpoint", "provider", "model", "tools", "interjection_classifier")}),
         ("Approval rules", {"fields": ("approval_rules",)}),
         ("Limits on money", {"fields": ("write_caps", "limits")}),
         ("Budgets and provider options", {"fields": ("budgets", "budget_limits", "provider_options")}),
@@ -170,8 +174,8 @@ class AgentAdmin(admin.ModelAdmin):
 class AgentVersionAdmin(ReadOnlyAdmin):
     """Every version ever saved, as the runs that used it saw it (the database refuses changes)."""
 
-    list_display = ("agent", "number", "provider", "model", "created_by", "created_at")
-    list_select_related = ("agent", "created_by")
+    list_display = ("agent", "number", "provider", "endpoint", "model", "created_by", "created_at")
+    list_select_related = ("agent", "created_by", "endpoint")
     readonly_fields = ("approval_rules_pretty", "provider_options_pretty")
 
     def has_view_permission(self, request, obj=None):

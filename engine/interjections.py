@@ -9,6 +9,7 @@ from engine.state import (
 )
 from runs_app.events import RunEventType
 from runs_app.models import Run
+from runs_app.endpoints import run_endpoint
 from runs_app.providers import get_provider
 from runs_app.providers.rules import classify_input_by_rules
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
@@ -60,7 +61,7 @@ def _classify(*, run: Run, lease, item: PendingInput) -> str:
     if version is not None and version.interjection_classifier == "keywords":
         verdict = classify_input_by_rules(history=history, text=item.content)
     else:
-        verdict = get_provider(run.provider).classify_input(history=history, text=item.content)
+        verdict = get_provider(run.provider, endpoint=run_endpoint(run)).classify_input(history=history, text=item.content)
     mode = verdict.mode if verdict.mode in (InputMode.SUPPLEMENT, InputMode.NEW_INTENT) else InputMode.SUPPLEMENT
     with transaction.atomic():
         input_resolve(pending_id=item.pk, mode=mode, reason=verdict.reason)

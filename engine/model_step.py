@@ -26,6 +26,7 @@ from engine.tool_exec import tool_call_rows, tool_calls_create
 from runs_app.events import RunEventType
 from runs_app.live import step_deltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
+from runs_app.endpoints import run_endpoint
 from runs_app.providers import get_provider
 from agents.selectors import run_agent_version, run_offered_tools
 from runs_app.providers.base import (
@@ -148,7 +149,10 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | Non
     if not own_open_step:
         _budget_check(run)
         step = model_step_open(run=run, lease=lease, close_tools_step=cp.tools_step)
-    provider = get_provider(run.provider)
+    # The run's model endpoint as it stands now (a rotated key applies to this call), read while
+    # this thread still holds its database connection.
+    endpoint = run_endpoint(run)
+    provider = get_provider(run.provider, endpoint=endpoint)
     version = run_agent_version(run)
     offered = run_offered_tools(run)
     try:
@@ -169,6 +173,7 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | Non
         with log_context(step=step.index), span(
             "model.call", run_id=run.id, session_id=run.session_id, step=step.index, step_id=step.pk,
             lease_token=lease.token, provider=run.provider, model_call=run.model_calls,
+            endpoint=endpoint.name if endpoint is not None else None,
         ) as current:
             result = _stream(provider=provider, request=request, run=run, step=step, heartbeat=heartbeat)
             span_set(current, finish_reason=result.finish_reason, input_tokens=result.input_tokens,

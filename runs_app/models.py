@@ -328,3 +328,69 @@ class ContextSummary(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["session", "covers_through_seq"], name="summary_session_seq_unique")
         ]
+
+
+class EndpointKind(models.TextChoices):
+    """The wire protocol a model endpoint speaks, and so the provider that calls it
+    (runs_app.endpoints.ENDPOINT_PROVIDERS). Only Chat Completions exists so far; OpenAI's Responses,
+    Anthropic's Messages and a deployment's own provider class are to be added here (issue 32)."""
+
+    CHAT_COMPLETIONS = "chat_completions", "OpenAI-compatible Chat Completions"
+
+
+class ModelEndpoint(models.Model):
+    """A model server an agent version may name (docs/EXTENDING.md, "Model endpoints"): where it is,
+    the credential it wants, the models it offers and how hard it may be pushed. Workers read the
+    row on every model call (runs_app.endpoints.endpoint_read), so an edit — a rotated key — applies
+    to the next call without a restart. Changed through engine.actions.endpoints.endpoint_save only."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.SlugField(max_length=64, unique=True, help_text="Agent definitions name the endpoint by it.")
+    kind = models.CharField(max_length=32, choices=EndpointKind.choices, default=EndpointKind.CHAT_COMPLETIONS)
+    base_url = models.URLField(max_length=300, help_text="e.g. https://api.openai.com/v1 (…/chat/completions is added).")
+    # Sealed (config.secrets): never shown, logged or sent anywhere but to the endpoint itself.
+    credential = models.TextField(blank=True, default="", editable=False)
+    # Model calls one worker process has in flight to this endpoint at once; null: the deployment's
+    # WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT.
+    max_concurrency = models.PositiveIntegerField(null=True, blank=True)
+    timeout_seconds = models.FloatField(default=60.0, help_text="The most a call may take to answer (each read of its stream).")
+    connect_timeout_seconds = models.FloatField(default=10.0, help_text="The most opening a connection may take.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gte=1),
+                                   name="model_endpoint_concurrency_positive"),
+            models.CheckConstraint(condition=Q(timeout_seconds__gt=0) & Q(connect_timeout_seconds__gt=0),
+                                   name="model_endpoint_timeouts_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class EndpointModel(models.Model):
+    """A model an endpoint offers, with what it costs and how much context it takes."""
+
+    id = models.BigAutoField(primary_key=True)
+    endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.CASCADE, related_name="offered_models")
+    name = models.CharField(max_length=100, help_text="As the endpoint names it, e.g. gpt-4o-mini.")
+    input_price_per_million = models.DecimalField(max_digits=12, decimal_places=4, default=0,
+                                                  help_text="Price of a million prompt tokens (WARDEN_COST_CURRENCY).")
+    output_price_per_million = models.DecimalField(max_digits=12, decimal_places=4, default=0,
+                                                   help_text="Price of a million answer tokens (WARDEN_COST_CURRENCY).")
+    context_window = models.PositiveIntegerField(help_text="Tokens the model takes in, prompt and answer together.")
+
+    class Meta:
+        ordering = ["endpoint", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "name"], name="endpoint_model_name_unique"),
+            models.CheckConstraint(condition=Q(input_price_per_million__gte=0) & Q(output_price_per_million__gte=0),
+                                   name="endpoint_model_prices_not_negative"),
+            models.CheckConstraint(condition=Q(context_window__gte=1), name="endpoint_model_window_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -11,17 +11,21 @@ from agents.errors import AgentRefusal
 from agents.models import Agent, AgentVersion
 from approvals_app.services import audit_record
 from config.errors import WardenError
+from runs_app.models import ModelEndpoint
 
 # The definition's fields as an AgentVersion stores them.
 VERSION_FIELDS = ("name", "instructions", "provider", "model", "provider_options", "tools", "budgets", "budget_limits",
                   "approval_rules", "interjection_classifier", "write_caps", "limits")
+# The model endpoint, named in a definition and pointed at by a version (AgentVersion.endpoint).
+ENDPOINT_FIELD = "endpoint"
 
 
 def agent_definition_of(version: AgentVersion | None) -> dict:
     """A version as a definition (what the admin form and the API show, and a save may change)."""
     if version is None:
         return {}
-    return {"slug": version.agent.slug, **{field: getattr(version, field) for field in VERSION_FIELDS}}
+    return {"slug": version.agent.slug, **{field: getattr(version, field) for field in VERSION_FIELDS},
+            ENDPOINT_FIELD: version.endpoint.name if version.endpoint_id else ""}
 
 
 def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> AgentVersion:
@@ -34,6 +38,12 @@ def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> 
         definition = {**definition, "slug": agent.slug}
     clean = agent_definition_check(definition)
     with transaction.atomic():
+        endpoint = None
+        if clean[ENDPOINT_FIELD]:
+            # Under a share lock: an endpoint removed since the check is refused, never dropped.
+            endpoint = ModelEndpoint.objects.select_for_update(no_key=True).filter(name=clean[ENDPOINT_FIELD]).first()
+            if endpoint is None:
+                raise AgentDefinitionInvalid({ENDPOINT_FIELD: f"model endpoint {clean[ENDPOINT_FIELD]!r} no longer exists"})
         if agent is None:
             if Agent.objects.filter(slug=clean["slug"]).exists():
                 raise AgentDefinitionInvalid({"slug": f"an agent {clean['slug']!r} exists already"})
@@ -44,11 +54,12 @@ def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> 
             agent = Agent.objects.select_for_update().get(pk=agent.pk)
             before = {"version": agent.current_version.number if agent.current_version_id else None}
         number = (AgentVersion.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first() or 0) + 1
-        version = AgentVersion.objects.create(agent=agent, number=number, created_by=acting_user,
+        version = AgentVersion.objects.create(agent=agent, number=number, created_by=acting_user, endpoint=endpoint,
                                               **{field: clean[field] for field in VERSION_FIELDS})
         agent.current_version = version
         agent.name = clean["name"]
         agent.save(update_fields=["current_version", "name", "updated_at"])
         audit_record(actor=acting_user, action="define_agent", obj=agent, before=before,
-                     after={"version": number, "tools": clean["tools"], "provider": clean["provider"], "model": clean["model"]})
+                     after={"version": number, "tools": clean["tools"], "provider": clean["provider"], "model": clean["model"],
+                            ENDPOINT_FIELD: clean[ENDPOINT_FIELD]})
     return version

@@ -23,5 +23,8 @@ def _provider_class(name: str) -> type:
     return import_string(path)
 
 
-def get_provider(name: str) -> Provider:
-    return _provider_class(name)()
+def get_provider(name: str, *, endpoint=None) -> Provider:
+    """The provider `name`, for a call to `endpoint` (runs_app.endpoints.Endpoint: a run's agent
+    names a model endpoint) or to the deployment's default one. A provider class that serves
+    endpoints takes them as `endpoint=` (runs_app.providers.openai.OpenAIProvider)."""
+    return _provider_class(name)(endpoint=endpoint) if endpoint is not None else _provider_class(name)()

@@ -118,28 +118,29 @@ class AbortableBackend(httpcore.SyncBackend):
         return _AbortableStream(super().connect_unix_socket(*args, **kwargs))
 
 
-_endpoints: dict[str, threading.BoundedSemaphore] = {}
+_endpoints: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _endpoints_lock = threading.Lock()
 
 
 @contextmanager
-def endpoint_slot(endpoint: str, *, timeout: float):
-    """At most WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT calls to one model endpoint at once in this
-    process: a slow or hung endpoint holds its own slots, never every run of the process. A call
-    that finds no slot within its timeout is a transient error (asked again after a backoff); an
-    aborted run stops waiting at once."""
+def endpoint_slot(endpoint: str, *, timeout: float, limit: int | None = None):
+    """At most `limit` (default WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT; a model endpoint's own
+    max_concurrency) calls to one model endpoint at once in this process: a slow or hung endpoint
+    holds its own slots, never every run of the process. A call that finds no slot within its
+    timeout is a transient error (asked again after a backoff); an aborted run stops waiting at
+    once. A changed limit takes effect with the next call (calls under the old one finish there)."""
+    limit = max(1, limit or settings.WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT)
     with _endpoints_lock:
-        slots = _endpoints.get(endpoint)
+        slots = _endpoints.get((endpoint, limit))
         if slots is None:
-            slots = _endpoints[endpoint] = threading.BoundedSemaphore(max(1, settings.WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT))
+            slots = _endpoints[(endpoint, limit)] = threading.BoundedSemaphore(limit)
     interrupt = current_interrupt()
     ends = time.monotonic() + timeout
     while not slots.acquire(timeout=0.25):
         if interrupt is not None and interrupt.aborted.is_set():
             raise TransientModelError("call aborted while waiting for a free slot of the model endpoint")
         if time.monotonic() >= ends:
-            raise TransientModelError(f"the model endpoint's {settings.WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT} "
-                                      f"concurrent calls were all busy for {timeout:g} s")
+            raise TransientModelError(f"the model endpoint's {limit} concurrent calls were all busy for {timeout:g} s")
     try:
         yield
     finally:

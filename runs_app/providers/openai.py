@@ -6,6 +6,11 @@ runs at once); the official SDK makes the rare unstreamed calls, with its own re
 sorted as the official SDK sorts them for its own retries:
 an `x-should-retry` header decides when present; otherwise 408, 409, 429, 5xx, network errors
 and dropped streams are transient, other 4xx permanent.
+
+Each provider object calls one endpoint (runs_app.endpoints.Endpoint: the run's agent's model
+endpoint, read for this call, or the default one of the OPENAI_* settings). Its credential goes in
+the Authorization header and nowhere else: a server's error text that echoes it is redacted
+before it becomes a step's reason or a log line.
 """
 
 import email.utils
@@ -18,9 +23,9 @@ from typing import Iterator, Literal
 
 import httpx
 import openai
-from django.conf import settings
 from pydantic import BaseModel, Field
 
+from runs_app.endpoints import Endpoint, endpoint_default
 from runs_app.providers.base import (
     Finish,
     InputClassification,
@@ -36,7 +41,6 @@ from runs_app.providers.base import (
 from runs_app.providers.interrupt import AbortableBackend, endpoint_slot
 from runs_app.providers.rules import classify_input_by_rules
 
-_DEFAULT_TIMEOUT_SECONDS = 60.0
 _CLASSIFY_TIMEOUT_SECONDS = 15.0
 _CLASSIFY_HISTORY_MESSAGES = 12
 _TRANSIENT_4XX = (408, 409, 429)
@@ -65,9 +69,17 @@ class _Classification(BaseModel):
 class OpenAIProvider:
     name = "openai"
 
+    def __init__(self, endpoint: Endpoint | None = None):
+        self._endpoint = endpoint
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint or endpoint_default()
+
     def stream(self, request: ModelRequest) -> Iterator[StreamEvent]:
+        endpoint = self.endpoint
         arguments = {
-            "model": request.options.get("model") or settings.OPENAI_MODEL,
+            "model": request.options.get("model") or endpoint.model,
             "messages": request.messages,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -76,27 +88,26 @@ class OpenAIProvider:
             arguments["max_tokens"] = request.max_output_tokens
         if request.tools:
             arguments["tools"] = request.tools
-        with endpoint_slot(settings.OPENAI_BASE_URL, timeout=_timeout(request)):
-            yield from self._stream(arguments, request)
+        with endpoint_slot(endpoint.slots, timeout=_timeout(request, endpoint), limit=endpoint.max_concurrency):
+            yield from self._stream(arguments, request, endpoint)
 
-    def _stream(self, arguments: dict, request: ModelRequest) -> Iterator[StreamEvent]:
+    def _stream(self, arguments: dict, request: ModelRequest, endpoint: Endpoint) -> Iterator[StreamEvent]:
         # The stream is read with httpx and a plain SSE parser, not the SDK: a worker process drives
         # many runs at once, and the SDK's request building and per-chunk models cost about four
         # times the CPU of the call itself; it also drops the connection after every stream (it
         # stops reading at [DONE]), where this reads the body to its end and keeps it alive.
-        timeout = _timeout(request)
-        url = settings.OPENAI_BASE_URL.rstrip("/") + "/chat/completions"
-        headers = {"Authorization": f"Bearer {settings.OPENAI_API_KEY}", "Accept": "text/event-stream"}
+        client = _http_client(_timeout(request, endpoint), endpoint.connect_timeout_seconds)
+        url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        headers = {"Authorization": f"Bearer {endpoint.credential}", "Accept": "text/event-stream"}
         try:
-            response = _http_client(timeout).send(
-                _http_client(timeout).build_request("POST", url, json=arguments, headers=headers), stream=True)
+            response = client.send(client.build_request("POST", url, json=arguments, headers=headers), stream=True)
         except httpx.HTTPError as error:
-            raise TransientModelError(f"model server unreachable: {error}") from error
+            raise TransientModelError(_redacted(f"model server unreachable: {error}", endpoint)) from error
         finish = None
         try:
             if response.status_code != 200:
                 response.read()
-                raise _status_error(response)
+                raise _status_error(response, endpoint)
             for line in response.iter_lines():
                 if not line.startswith("data:"):
                     continue  # comments, `event:` and `id:` fields, blank separators
@@ -107,7 +118,7 @@ class OpenAIProvider:
                 if not isinstance(chunk, dict):
                     raise ValueError(f"a stream chunk that is not an object: {data[:80]}")
                 if chunk.get("error"):
-                    raise TransientModelError(f"model stream error: {_error_message(chunk)}")
+                    raise TransientModelError(_redacted(f"model stream error: {_error_message(chunk)}", endpoint))
                 usage = chunk.get("usage")
                 if usage:
                     yield Usage(input_tokens=usage.get("prompt_tokens") or 0, output_tokens=usage.get("completion_tokens") or 0)
@@ -117,7 +128,7 @@ class OpenAIProvider:
                     yield from _delta_events(choice.get("delta"))
                     finish = choice.get("finish_reason") or finish
         except (httpx.HTTPError, ValueError, AttributeError) as error:  # ValueError: a garbled SSE line
-            raise TransientModelError(f"model stream broken: {error}") from error
+            raise TransientModelError(_redacted(f"model stream broken: {error}", endpoint)) from error
         finally:
             # Also runs on generator.close() (cancel, lease lost): drops the HTTP connection now.
             response.close()
@@ -128,9 +139,10 @@ class OpenAIProvider:
     def summarize(self, *, previous: str, messages: list[dict], max_tokens: int) -> Summary:
         conversation = [{"role": m.get("role"), "content": m.get("content") or ""}
                         for m in messages if m.get("role") in ("user", "assistant", "tool")]
+        endpoint = self.endpoint
         try:
-            completion = _client(_SUMMARY_TIMEOUT_SECONDS).chat.completions.create(
-                model=settings.OPENAI_MODEL,
+            completion = _client(endpoint, _SUMMARY_TIMEOUT_SECONDS).chat.completions.create(
+                model=endpoint.model,
                 max_tokens=max_tokens,
                 messages=[
                     {"role": "system", "content": SUMMARY_INSTRUCTIONS},
@@ -138,7 +150,8 @@ class OpenAIProvider:
                 ],
             )
         except openai.APIError as error:
-            raise _model_error(error) from error
+            # Not chained: the SDK's error quotes the server's text, which may hold the credential.
+            raise _model_error(error, endpoint) from None
         text = (completion.choices[0].message.content if completion.choices else "") or ""
         usage = completion.usage
         return Summary(text=text.strip(), input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
@@ -158,8 +171,9 @@ class OpenAIProvider:
             for message in history[-_CLASSIFY_HISTORY_MESSAGES:]
             if message.get("role") in ("user", "assistant") and message.get("content")
         ]
-        completion = _client(_CLASSIFY_TIMEOUT_SECONDS).chat.completions.create(
-            model=settings.OPENAI_MODEL,
+        endpoint = self.endpoint
+        completion = _client(endpoint, _CLASSIFY_TIMEOUT_SECONDS).chat.completions.create(
+            model=endpoint.model,
             messages=[
                 {"role": "system", "content": CLASSIFY_INSTRUCTIONS},
                 {"role": "user", "content": json.dumps({"history": recent, "new_input": text})},
@@ -192,14 +206,20 @@ def _error_message(body) -> str:
     return str(error or body)[:500]
 
 
-def _status_error(response: httpx.Response) -> Exception:
+def _redacted(text: str, endpoint: Endpoint) -> str:
+    """`text` without the endpoint's credential (servers echo a wrong key in their error text)."""
+    secret = endpoint.credential
+    return text.replace(secret, "[credential]") if secret and len(secret) >= 4 else text
+
+
+def _status_error(response: httpx.Response, endpoint: Endpoint) -> Exception:
     """A model server's error answer, sorted as the official SDK sorts it for its own retries."""
     status = response.status_code
     try:
         detail = _error_message(response.json())
     except ValueError:
         detail = response.text[:500]
-    message = f"Error code: {status} - {detail}"
+    message = _redacted(f"Error code: {status} - {detail}", endpoint)
     should_retry = (response.headers.get("x-should-retry") or "").strip().lower()
     if should_retry in ("true", "false"):
         transient = should_retry == "true"  # the server says so, whatever the status
@@ -210,9 +230,9 @@ def _status_error(response: httpx.Response) -> Exception:
     return PermanentModelError(message, status=status)
 
 
-def _model_error(error: openai.APIError) -> Exception:
+def _model_error(error: openai.APIError, endpoint: Endpoint) -> Exception:
     if isinstance(error, (openai.APIConnectionError, openai.APITimeoutError)):
-        return TransientModelError(f"model server unreachable: {error}")
+        return TransientModelError(_redacted(f"model server unreachable: {error}", endpoint))
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
         should_retry = (error.response.headers.get("x-should-retry") or "").strip().lower()
@@ -222,12 +242,12 @@ def _model_error(error: openai.APIError) -> Exception:
             transient = status in _TRANSIENT_4XX or status >= 500
         if transient:
             return TransientModelError(
-                error.message,
+                _redacted(error.message, endpoint),
                 status=status,
                 retry_after=_retry_after(error.response.headers),
             )
-        return PermanentModelError(error.message, status=status)
-    return TransientModelError(f"model call failed: {error}")
+        return PermanentModelError(_redacted(error.message, endpoint), status=status)
+    return TransientModelError(_redacted(f"model call failed: {error}", endpoint))
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
@@ -259,13 +279,12 @@ def _json_object_text(content: str) -> str:
     return match.group(0)
 
 
-def _timeout(request: ModelRequest) -> float:
-    default = getattr(settings, "OPENAI_TIMEOUT_SECONDS", _DEFAULT_TIMEOUT_SECONDS)
-    return float(request.options.get("timeout") or default)
+def _timeout(request: ModelRequest, endpoint: Endpoint) -> float:
+    return float(request.options.get("timeout") or endpoint.timeout_seconds)
 
 
-def _client(timeout: float) -> openai.OpenAI:
-    return _cached_client(settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY, timeout)
+def _client(endpoint: Endpoint, timeout: float) -> openai.OpenAI:
+    return _cached_client(endpoint.base_url, endpoint.credential, timeout)
 
 
 _clients = threading.local()
@@ -277,7 +296,7 @@ def _tls_context():
     return httpx.create_ssl_context()
 
 
-def _http_client(timeout: float) -> httpx.Client:
+def _http_client(timeout: float, connect_timeout: float | None = None) -> httpx.Client:
     """This thread's client (and its keep-alive connections) for this timeout. A worker process
     drives each of its runs in a thread of its own (issue 34): one shared pool would cost every
     request a scan of all its connections (httpcore's pool is quadratic in them), while a run's
@@ -286,11 +305,13 @@ def _http_client(timeout: float) -> httpx.Client:
     by_timeout = getattr(_clients, "by_timeout", None)
     if by_timeout is None:
         by_timeout = _clients.by_timeout = {}
-    client = by_timeout.get(timeout)
+    connect_timeout = connect_timeout or timeout
+    client = by_timeout.get((timeout, connect_timeout))
     if client is None:
         transport = httpx.HTTPTransport(verify=_tls_context(), limits=httpx.Limits(max_connections=4, max_keepalive_connections=2))
         transport._pool._network_backend = AbortableBackend()  # httpx 0.28 builds its pool privately
-        client = by_timeout[timeout] = httpx.Client(transport=transport, timeout=timeout, follow_redirects=True)
+        client = by_timeout[(timeout, connect_timeout)] = httpx.Client(
+            transport=transport, timeout=httpx.Timeout(timeout, connect=connect_timeout), follow_redirects=True)
     return client
 
 

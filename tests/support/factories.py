@@ -18,7 +18,8 @@ from demo.models import (
 )
 from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from operations.models import OpenStream, ProcessHeartbeat, ProcessRole
-from runs_app.models import ContextSummary, Run, RunEvent, Step, StepKind
+from config.secrets import secret_seal
+from runs_app.models import ContextSummary, EndpointModel, ModelEndpoint, Run, RunEvent, Step, StepKind
 from sessions_app.models import IdempotencyRecord, Message, MessageRole, PendingInput, RateCounter, Session
 from tools_app.models import ToolCall, ToolEffect
 
@@ -233,6 +234,34 @@ class AgentVersionFactory(factory.django.DjangoModelFactory):
     instructions = "You help customers with their orders."
     provider = "scripted"
     tools = factory.LazyFunction(lambda: ["query_order"])
+
+
+class ModelEndpointFactory(factory.django.DjangoModelFactory):
+    """An endpoint; `credential` is the plain text, stored sealed as endpoint_save stores it."""
+
+    class Meta:
+        model = ModelEndpoint
+
+    name = factory.Sequence(lambda n: f"endpoint-{n}")
+    base_url = factory.Sequence(lambda n: f"https://models{n}.example.com/v1")
+    credential = factory.Sequence(lambda n: f"sk-test-{n}")
+
+    @classmethod
+    def _create(cls, model_class, *args, **kwargs):
+        if kwargs.get("credential"):
+            kwargs["credential"] = secret_seal(kwargs["credential"])
+        return super()._create(model_class, *args, **kwargs)
+
+
+class EndpointModelFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = EndpointModel
+
+    endpoint = factory.SubFactory(ModelEndpointFactory)
+    name = factory.Sequence(lambda n: f"model-{n}")
+    input_price_per_million = Decimal("0.15")
+    output_price_per_million = Decimal("0.60")
+    context_window = 128_000
 
 
 class WebhookEndpointFactory(factory.django.DjangoModelFactory):

@@ -19,6 +19,9 @@ As a process (scripted fallback; for end-to-end tests):
 
 A separate process is programmed over HTTP: `POST /_fake/enqueue` with the `enqueue` keyword
 arguments as JSON, `GET /_fake/requests`, `POST /_fake/reset`.
+
+Beside each request's body (`requests`) the server keeps the Authorization header it came with
+(`authorizations`, same order; "" when there was none), so a test can tell which key was used.
 """
 
 import argparse
@@ -90,6 +93,7 @@ class FakeOpenAIServer:
         # call_index counts the requests this server answered by the scripted rules.
         self.scripted_options = dict(scripted_options or {})
         self.requests: list[dict] = []
+        self.authorizations: list[str] = []
         self.outcomes: dict[int, str] = {}
         self._queue: collections.deque[QueuedResponse] = collections.deque()
         self._scripted_calls = itertools.count()
@@ -190,6 +194,7 @@ class FakeOpenAIServer:
         with self._changed:
             self._queue.clear()
             self.requests.clear()
+            self.authorizations.clear()
             self.outcomes.clear()
             self._scripted_calls = itertools.count()
 
@@ -206,9 +211,10 @@ class FakeOpenAIServer:
 
     # --- serving -----------------------------------------------------------------------------
 
-    def _record_request(self, body: dict) -> int:
+    def _record_request(self, body: dict, authorization: str = "") -> int:
         with self._changed:
             self.requests.append(body)
+            self.authorizations.append(authorization)
             return len(self.requests) - 1
 
     def _record_outcome(self, number: int, outcome: str) -> None:
@@ -221,7 +227,7 @@ class FakeOpenAIServer:
             return self._queue.popleft() if self._queue else None
 
     def _answer_completion(self, handler: "_Handler", body: dict) -> None:
-        number = self._record_request(body)
+        number = self._record_request(body, handler.headers.get("Authorization") or "")
         queued = self._next_queued()
         writer = _ResponseWriter(handler, body=body, stopping=self._stopping, released=self._released)
         if queued is None and self.fallback != "scripted":
@@ -330,7 +336,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         writer = _ResponseWriter(self, body={}, stopping=self.fake._stopping)
         if self.path == "/_fake/requests":
-            writer.json(200, {"requests": self.fake.requests, "outcomes": self.fake.outcomes})
+            writer.json(200, {"requests": self.fake.requests, "outcomes": self.fake.outcomes,
+                              "authorizations": self.fake.authorizations})
         else:
             writer.error(404, f"no route {self.path}", {})
 

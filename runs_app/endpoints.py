@@ -1,0 +1,102 @@
+"""Model endpoints as a provider calls them (docs/EXTENDING.md, "Model endpoints").
+
+An agent version may name a `ModelEndpoint` and one of its models; its runs carry the endpoint's id
+in their provider options (`ENDPOINT_OPTION`, set by engine.state.run_create from the version, never
+from a request). A worker reads the row on every model call, before it gives its database
+connection back (`run_endpoint`): a rotated credential or a changed URL, limit or timeout applies
+to the next call, with no cache to invalidate and no restart. Opening the sealed credential is
+memoized by its ciphertext (config.secrets), so the per-call cost is one indexed read.
+
+A run whose agent names no endpoint calls the deployment's default, made of the OPENAI_* settings
+(`endpoint_default`) — what Warden did before endpoints were data."""
+
+import functools
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import connection
+
+from config.secrets import secret_open
+from runs_app.models import EndpointKind, EndpointModel, ModelEndpoint
+
+# The provider (a name in WARDEN_PROVIDERS) that speaks each kind of endpoint.
+ENDPOINT_PROVIDERS = {EndpointKind.CHAT_COMPLETIONS: "openai"}
+# The key of a run's provider options that names its endpoint (by id: a rename does not move runs).
+ENDPOINT_OPTION = "endpoint"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What a provider needs for one call. `slots` names the endpoint's per-process call slots
+    (runs_app.providers.interrupt.endpoint_slot); `model` is the run's model, else the default one.
+    The credential is left out of repr(): a traceback or a log of the object never shows it."""
+
+    slots: str
+    name: str
+    kind: str
+    base_url: str
+    credential: str = field(repr=False)
+    model: str
+    max_concurrency: int
+    timeout_seconds: float
+    connect_timeout_seconds: float
+
+
+def endpoint_default() -> Endpoint:
+    """The deployment's default endpoint, from the environment (OPENAI_BASE_URL, OPENAI_API_KEY,
+    OPENAI_MODEL, OPENAI_TIMEOUT_SECONDS): read at every call, as the settings stand."""
+    timeout = float(settings.OPENAI_TIMEOUT_SECONDS)
+    return Endpoint(
+        slots=settings.OPENAI_BASE_URL, name="default", kind=EndpointKind.CHAT_COMPLETIONS,
+        base_url=settings.OPENAI_BASE_URL, credential=settings.OPENAI_API_KEY, model=settings.OPENAI_MODEL,
+        max_concurrency=settings.WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT,
+        timeout_seconds=timeout, connect_timeout_seconds=timeout,
+    )
+
+
+_FIELDS = ("id", "name", "kind", "base_url", "credential", "max_concurrency", "timeout_seconds", "connect_timeout_seconds")
+
+
+@functools.cache
+def _endpoint_sql() -> str:
+    # A fixed statement, not the ORM: a worker sends it before every model call of such a run.
+    columns = ", ".join(f'"{ModelEndpoint._meta.get_field(name).column}"' for name in _FIELDS)
+    return f'SELECT {columns} FROM "{ModelEndpoint._meta.db_table}" WHERE "id" = %s'
+
+
+def endpoint_read(endpoint_id: int, *, model: str = "") -> Endpoint:
+    """The endpoint as it stands now (ModelEndpoint.DoesNotExist when it is gone)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_endpoint_sql(), [int(endpoint_id)])
+        row = cursor.fetchone()
+    if row is None:
+        raise ModelEndpoint.DoesNotExist(f"model endpoint {endpoint_id}")
+    values = dict(zip(_FIELDS, row))
+    return Endpoint(
+        slots=f"endpoint:{values['id']}", name=values["name"], kind=values["kind"], base_url=values["base_url"],
+        credential=secret_open(values["credential"]) if values["credential"] else "",
+        model=model,
+        max_concurrency=values["max_concurrency"] or settings.WARDEN_MODEL_CONCURRENCY_PER_ENDPOINT,
+        timeout_seconds=values["timeout_seconds"], connect_timeout_seconds=values["connect_timeout_seconds"],
+    )
+
+
+def run_endpoint(run) -> Endpoint | None:
+    """The endpoint the run's next model call goes to, read now; None: the default endpoint."""
+    options = run.provider_options or {}
+    endpoint_id = options.get(ENDPOINT_OPTION)
+    if endpoint_id is None:
+        return None
+    return endpoint_read(endpoint_id, model=str(options.get("model") or ""))
+
+
+def endpoint_get(*, name: str) -> ModelEndpoint | None:
+    return ModelEndpoint.objects.filter(name=name).first() if isinstance(name, str) and name else None
+
+
+def endpoint_names() -> list[str]:
+    return list(ModelEndpoint.objects.order_by("name").values_list("name", flat=True))
+
+
+def endpoint_model_names(endpoint: ModelEndpoint) -> list[str]:
+    return list(EndpointModel.objects.filter(endpoint=endpoint).order_by("name").values_list("name", flat=True))
