@@ -59,3 +59,14 @@ def agent_versions_of(*, slug: str):
     """Every version of the agent `slug` (none for an unknown slug), as a subquery: a filter of runs
     by agent reads the runs' agent_version index."""
     return AgentVersion.objects.filter(agent__slug=slug).values("pk")
+
+
+def endpoint_models_in_use(*, endpoint_id) -> dict[str, list[str]]:
+    """The models of a model endpoint that agents' current versions name, with those agents' slugs:
+    what the endpoint must keep offering."""
+    used: dict[str, list[str]] = {}
+    for slug, model in (Agent.objects.filter(current_version__endpoint_id=endpoint_id).order_by("slug")
+                        .values_list("slug", "current_version__model")):
+        used.setdefault(model, []).append(slug)
+    return used
+

@@ -7,6 +7,7 @@ from django import forms
 from django.contrib import admin, messages
 
 from access import policy as access
+from agents.selectors import endpoint_models_in_use
 from desk.base import ReadOnlyAdmin
 from engine.actions.endpoints import endpoint_base_url_problem, endpoint_credential_problem, endpoint_save
 from runs_app.models import EndpointModel, ModelEndpoint
@@ -46,8 +47,26 @@ class ModelEndpointForm(forms.ModelForm):
         return cleaned
 
 
+class EndpointModelFormSet(forms.BaseInlineFormSet):
+    """An offered model an agent's current version names stays offered (removing or renaming it
+    would leave that agent calling a model the endpoint no longer lists)."""
+
+    def clean(self):
+        super().clean()
+        if self.instance.pk is None:
+            return
+        used = endpoint_models_in_use(endpoint_id=self.instance.pk)
+        for form in self.forms:
+            before = form.initial.get("name")
+            gone = form in self.deleted_forms or (before and form.cleaned_data.get("name") not in (None, before))
+            if before in used and gone:
+                raise forms.ValidationError(f"{before} is the model of {', '.join(used[before])}: point "
+                                            f"{'them' if len(used[before]) > 1 else 'it'} at another model first.")
+
+
 class EndpointModelInline(admin.TabularInline):
     model = EndpointModel
+    formset = EndpointModelFormSet
     fields = ("name", "input_price_per_million", "output_price_per_million", "context_window")
     extra = 1
 

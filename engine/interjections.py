@@ -8,9 +8,10 @@ from engine.state import (
     input_consume, input_resolve, run_cancel_request, run_event_append, run_seen_by_lease_holder, run_touched_by_others,
 )
 from runs_app.events import RunEventType
-from runs_app.models import Run
 from runs_app.endpoints import run_endpoint
+from runs_app.models import Run
 from runs_app.providers import get_provider
+from runs_app.providers.base import PermanentModelError
 from runs_app.providers.rules import classify_input_by_rules
 from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput
 from sessions_app.services import messages_append
@@ -61,7 +62,7 @@ def _classify(*, run: Run, lease, item: PendingInput) -> str:
     if version is not None and version.interjection_classifier == "keywords":
         verdict = classify_input_by_rules(history=history, text=item.content)
     else:
-        verdict = get_provider(run.provider, endpoint=run_endpoint(run)).classify_input(history=history, text=item.content)
+        verdict = _model_classification(run=run, history=history, text=item.content)
     mode = verdict.mode if verdict.mode in (InputMode.SUPPLEMENT, InputMode.NEW_INTENT) else InputMode.SUPPLEMENT
     with transaction.atomic():
         input_resolve(pending_id=item.pk, mode=mode, reason=verdict.reason)
@@ -69,6 +70,16 @@ def _classify(*, run: Run, lease, item: PendingInput) -> str:
             (RunEventType.INPUT_CLASSIFIED, {"pending_input": item.pk, "mode": mode, "reason": verdict.reason})])
     item.resolved_mode = mode
     return mode
+
+
+def _model_classification(*, run: Run, history: list[dict], text: str):
+    """By the run's model; by the keyword rules when its endpoint cannot be called at all (gone, or
+    its credential unreadable: the model step fails the run saying so)."""
+    try:
+        provider = get_provider(run.provider, endpoint=run_endpoint(run))
+    except PermanentModelError:
+        return classify_input_by_rules(history=history, text=text)
+    return provider.classify_input(history=history, text=text)
 
 
 def _request_cancel_for(*, run: Run, lease, item: PendingInput) -> None:

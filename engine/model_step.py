@@ -149,13 +149,16 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | Non
     if not own_open_step:
         _budget_check(run)
         step = model_step_open(run=run, lease=lease, close_tools_step=cp.tools_step)
-    # The run's model endpoint as it stands now (a rotated key applies to this call), read while
-    # this thread still holds its database connection.
-    endpoint = run_endpoint(run)
-    provider = get_provider(run.provider, endpoint=endpoint)
     version = run_agent_version(run)
     offered = run_offered_tools(run)
     try:
+        # The run's model endpoint as it stands now (a rotated key applies to this call), read while
+        # this thread still holds its database connection.
+        try:
+            endpoint = run_endpoint(run)
+        except PermanentModelError as error:
+            raise _StreamBroken(error, StreamResult()) from error
+        provider = get_provider(run.provider, endpoint=endpoint)
         built = _context(run=run, lease=lease, provider=provider,
                          instructions=version.instructions if version is not None else None, cached=cp.context)
         tools = tool_schemas(offered)

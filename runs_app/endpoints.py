@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection
 
-from config.secrets import secret_open
+from config.secrets import SecretUnreadable, secret_open
 from runs_app.models import EndpointKind, EndpointModel, ModelEndpoint
+from runs_app.providers.base import PermanentModelError
 
 # The provider (a name in WARDEN_PROVIDERS) that speaks each kind of endpoint.
 ENDPOINT_PROVIDERS = {EndpointKind.CHAT_COMPLETIONS: "openai"}
@@ -82,12 +83,19 @@ def endpoint_read(endpoint_id: int, *, model: str = "") -> Endpoint:
 
 
 def run_endpoint(run) -> Endpoint | None:
-    """The endpoint the run's next model call goes to, read now; None: the default endpoint."""
+    """The endpoint the run's next model call goes to, read now; None: the default endpoint.
+    PermanentModelError when it cannot be called at all (gone, or its credential unreadable)."""
     options = run.provider_options or {}
     endpoint_id = options.get(ENDPOINT_OPTION)
     if endpoint_id is None:
         return None
-    return endpoint_read(endpoint_id, model=str(options.get("model") or ""))
+    try:
+        return endpoint_read(endpoint_id, model=str(options.get("model") or ""))
+    except ModelEndpoint.DoesNotExist as error:
+        raise PermanentModelError(f"the run's model endpoint ({endpoint_id}) no longer exists") from error
+    except SecretUnreadable as error:
+        raise PermanentModelError(f"the credential of model endpoint {endpoint_id} cannot be read ({error}): "
+                                  "enter it again in the desk") from error
 
 
 def endpoint_get(*, name: str) -> ModelEndpoint | None:

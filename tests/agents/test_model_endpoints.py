@@ -14,7 +14,9 @@ from approvals_app.models import AuditEntry
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
 from runs_app.endpoints import ENDPOINT_OPTION, endpoint_default, run_endpoint
+from runs_app.models import RunErrorCode, RunStatus
 from tests.support.agents import define
+from tests.support.drive import drive_until
 from tests.support.factories import EndpointModelFactory, ModelEndpointFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -105,3 +107,16 @@ def test_the_credential_is_stored_sealed(endpoint):
     stored = type(endpoint).objects.values_list("credential", flat=True).get(pk=endpoint.pk)
     assert stored and KEY not in stored and KEY not in json.dumps(list(type(endpoint).objects.values()), default=str)
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_credential_that_cannot_be_opened_fails_the_run_saying_so(endpoint, agent_admin, settings):
+    version = define(agent(), by=agent_admin)
+    customer = UserFactory(username="gina")
+    run = message_post(session=session_open(owner=customer, title="x", agent=version.agent), content="hello",
+                       acting_user=customer).run
+    # SECRET_KEY changed without keeping the old one in SECRET_KEY_FALLBACKS.
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "another-secret-key-" + "y" * 40, []
+    failed = drive_until(run, RunStatus.FAILED)
+    assert failed.error_code == RunErrorCode.MODEL_ERROR
+    assert "credential of model endpoint" in failed.error_detail and "enter it again" in failed.error_detail

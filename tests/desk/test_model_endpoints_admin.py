@@ -128,3 +128,21 @@ def test_an_agent_names_an_endpoint_and_one_of_its_models_in_the_desk(endpoint_a
     assert (version.endpoint.name, version.model, version.provider) == ("team-a", "small-model", "openai")
     page = definer.get(f"/admin/agents/agent/{version.agent_id}/change/").content.decode()
     assert '<option value="team-a" selected>' in page and FIRST_KEY not in page
+
+
+def test_a_model_an_agent_uses_stays_offered(endpoint_admin):
+    endpoint_admin.post("/admin/runs_app/modelendpoint/add/", _form(new_credential=FIRST_KEY))
+    endpoint = ModelEndpoint.objects.get(name="team-a")
+    offered = EndpointModel.objects.get(endpoint=endpoint)
+    definer = Client()
+    definer.force_login(grant(UserFactory(username="definer", is_staff=True), ("agents", "change_agent")))
+    assert definer.post("/admin/agents/agent/add/", _agent_form()).status_code == 302
+    remove = _form() | {"offered_models-INITIAL_FORMS": "1", "offered_models-0-id": str(offered.pk),
+                        "offered_models-0-endpoint": str(endpoint.pk), "offered_models-0-DELETE": "on"}
+    refused = endpoint_admin.post(f"/admin/runs_app/modelendpoint/{endpoint.pk}/change/", remove)
+    assert refused.status_code == 200 and "small-model is the model of refunds" in refused.content.decode()
+    assert EndpointModel.objects.filter(pk=offered.pk).exists()
+    renamed = _form(**{"offered_models-0-name": "renamed-model"}) | {
+        "offered_models-INITIAL_FORMS": "1", "offered_models-0-id": str(offered.pk), "offered_models-0-endpoint": str(endpoint.pk)}
+    assert endpoint_admin.post(f"/admin/runs_app/modelendpoint/{endpoint.pk}/change/", renamed).status_code == 200
+    assert EndpointModel.objects.get(pk=offered.pk).name == "small-model"

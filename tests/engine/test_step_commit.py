@@ -205,7 +205,7 @@ def test_input_that_arrives_during_a_model_call_is_not_forgotten(demo_world, mon
                              mode=InputMode.SUPPLEMENT, acting_user=user)
             yield from self._provider.stream(request)
 
-    monkeypatch.setattr(model_step, "get_provider", lambda name: Interjecting(real_get_provider(name)))
+    monkeypatch.setattr(model_step, "get_provider", lambda name, **kwargs: Interjecting(real_get_provider(name, **kwargs)))
     run, _ = drive(run)
     assert run.status == RunStatus.COMPLETED
     supplement = Message.objects.get(session_id=run.session_id, content="also, be brief")
