@@ -24,10 +24,16 @@ ROLES = {"Operators": OPERATORS, "Leads": LEADS}
 
 def groups_create(apps, schema_editor):
     # Permissions are made after migrations (post_migrate); these groups need them now.
+    # A migration's app configs have no models module, which create_permissions skips: one is lent
+    # for the call and the config given back as it was (called with the project's registry — a test
+    # making the groups again — a None left behind would make every later post_migrate skip every app).
     for app_config in apps.get_app_configs():
-        app_config.models_module = True
-        create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
+        models_module = getattr(app_config, "models_module", None)
+        app_config.models_module = models_module or True
+        try:
+            create_permissions(app_config, apps=apps, verbosity=0)
+        finally:
+            app_config.models_module = models_module
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
     for name, labels in ROLES.items():
