@@ -14,6 +14,8 @@ import collections
 import itertools
 import json
 import os
+import time
+from types import SimpleNamespace
 
 import pytest
 import schemathesis
@@ -27,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from api import streams
 from tests.support.api import build_world, grant
 from tests.support.factories import ApiKeyFactory, UserFactory
 
@@ -67,6 +70,22 @@ OPERATOR_PERMISSIONS = [
     ("tools_app", "view_toolcall"), ("tools_app", "reconcile_toolcall"), ("approvals_app", "view_approval"),
     ("sessions_app", "view_session"),
 ]
+
+
+# A session's stream (and the account's) does not end with a run: each example holds for its whole
+# max_seconds (1, the least the schema allows) — half a minute per operation and caller. Here the
+# streams' clock runs STREAM_CLOCK_SPEED times faster, so a stream's second is a few polls long;
+# what a stream sends and when it ends is tested on the real clock (test_many_runs_events.py,
+# test_event_stream.py).
+STREAM_CLOCK_SPEED = 20
+
+
+@pytest.fixture(autouse=True)
+def fast_stream_clock(monkeypatch):
+    start = time.monotonic()
+    monkeypatch.setattr(streams, "time", SimpleNamespace(
+        monotonic=lambda: start + (time.monotonic() - start) * STREAM_CLOCK_SPEED,
+        sleep=lambda seconds: time.sleep(seconds / STREAM_CLOCK_SPEED)))
 
 
 @pytest.fixture(params=["customer", "operator"])
