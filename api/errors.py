@@ -16,6 +16,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, Throttled, ValidationError
 
 from config.errors import CommonRefusal, Refusal, WardenError
+from config.request_ids import request_id_of
 
 logger = logging.getLogger("warden.api")
 
@@ -139,7 +140,8 @@ def _suspicious(request, exc: SuspiciousOperation) -> WardenError:
 
 def _unexpected(request, exc: Exception) -> WardenError:
     logger.exception("unhandled error on %s %s", request.method, request.path)
-    return WardenError(CommonRefusal.INTERNAL_ERROR, "Internal error; it has been logged.")
+    return WardenError(CommonRefusal.INTERNAL_ERROR,
+                       f"Internal error; it has been logged with request id {request_id_of(request)}.")
 
 
 def _not_authenticated(request, exc) -> WardenError:

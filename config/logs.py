@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from opentelemetry import trace
 
 # The fields a record may carry from the context, in the order the plain format shows them.
-CONTEXT_FIELDS = ("run_id", "session_id", "step", "tool_call_id", "lease_token", "worker")
+CONTEXT_FIELDS = ("run_id", "session_id", "step", "tool_call_id", "lease_token", "worker", "request_id")
 
 _context: contextvars.ContextVar[dict] = contextvars.ContextVar("warden_log_context", default={})
 

@@ -88,7 +88,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: a caller over their share of the database connections is answered before taking one.
+    # First: every answer, even a refusal below, names its request (X-Request-ID), as its log lines do.
+    "config.request_ids.RequestIdMiddleware",
+    # Then: a caller over their share of the database connections is answered before taking one.
     "config.fair_share.FairShareMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "config.security.ContentSecurityPolicyMiddleware",

@@ -2,7 +2,7 @@
 live, runs, approvals. Global options (before or after the command): `--url` (WARDEN_URL),
 `--api-key` (WARDEN_API_KEY), `--json` (machine-readable output: one JSON document, or one JSON
 object per line for `tail`). An error is one line on stderr — `warden: <code> (<status>):
-<message>` — and exit status 1 (2: the command line itself is wrong; 130: interrupted)."""
+<message> [request <id>]` — and exit status 1 (2: the command line itself is wrong; 130: interrupted)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ and nothing half-written remains."""
 import pytest
 from django.test import Client
 
+from config.logs import RunContextFilter
 from runs_app.models import Run
 from sessions_app.models import Message, Session
 
@@ -190,9 +191,16 @@ def test_unexpected_failures_are_a_json_500_and_logged(alice_api, monkeypatch, c
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(runs_api, "run_list", boom)
-    body = assert_error(alice_api.get("/runs"), 500, "internal_error")
+    caplog.handler.addFilter(RunContextFilter())  # as the deployment's handlers have it (config/settings.py)
+    response = alice_api.get("/runs")
+    body = assert_error(response, 500, "internal_error")
     assert "a bug" not in body["message"]
     assert "unhandled error on GET /api/v1/runs" in caplog.text
+    # The answer names the request, and so does the line logged for it: a caller's report finds it.
+    request_id = response["X-Request-ID"]
+    assert f"request id {request_id}" in body["message"]
+    (logged,) = [record for record in caplog.records if record.getMessage().startswith("unhandled error on GET")]
+    assert logged.request_id == request_id
 
 
 @pytest.mark.parametrize("query, unknown", [

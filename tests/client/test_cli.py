@@ -104,10 +104,11 @@ def test_runs_are_found_and_shown_and_errors_are_one_line_with_the_apis_code(pro
 
     missing = warden("runs", "show", str(uuid.uuid4()), key=customer_key, url=url, check=False)
     assert missing.returncode == 1 and missing.stdout == ""
-    assert missing.stderr.splitlines() == ["warden: not_found (404): No such run."]
+    # The line names the request, as the server's log lines for it do.
+    assert re.fullmatch(r"warden: not_found \(404\): No such run\. \[request [0-9a-f]{32}\]\n", missing.stderr)
     unknown_key = warden("me", key="wdn_not-a-key", url=url, check=False)
     assert unknown_key.returncode == 1
-    assert re.fullmatch(r"warden: invalid_api_key \(401\): Unknown API key\.\n", unknown_key.stderr)
+    assert re.fullmatch(r"warden: invalid_api_key \(401\): Unknown API key\. \[request [0-9a-f]{32}\]\n", unknown_key.stderr)
     refused = warden("runs", "list", "--status", "sleeping", key=customer_key, url=url, check=False)
     assert refused.returncode == 1 and refused.stderr.startswith("warden: validation_error (422): ")
     no_key = warden("me", key="", url=url, check=False)
