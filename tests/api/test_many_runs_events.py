@@ -99,20 +99,19 @@ def test_a_sessions_events_page_through_every_run_in_order(alice_api, two_runs):
 def test_the_session_stream_goes_on_across_runs_and_resumes_from_last_event_id(alice_api, two_runs, fast_stream):
     session, expected = two_runs
     path = f"/sessions/{session.pk}/events/stream"
-    stream = iter(alice_api.get(path, {"max_seconds": 60}).streaming_content)
-    assert next(stream).decode() == "retry: 2000\n\n"
-    first = sse_events(stream, 3)
-    assert sse_pairs(first) == expected[:3]
-    assert set(first[0]["data"]) >= {"run_id", "seq", "type", "payload", "created_at"}
-    # The first run is over; the stream is not: it sends the next run's events.
-    rest = sse_events(stream, 2)
-    assert sse_pairs(rest) == expected[3:]
+    with alice_api.stream(path, {"max_seconds": 1}) as stream:
+        assert next(stream).decode() == "retry: 2000\n\n"
+        first = sse_events(stream, 3)
+        assert sse_pairs(first) == expected[:3]
+        assert set(first[0]["data"]) >= {"run_id", "seq", "type", "payload", "created_at"}
+        # The first run is over; the stream is not: it sends the next run's events.
+        rest = sse_events(stream, 2)
+        assert sse_pairs(rest) == expected[3:]
 
     # Reconnecting with the third event's id: the fourth and fifth, nothing before (the header wins over ?after=).
-    again = iter(alice_api.get(path, {"max_seconds": 60, "after": first[0]["id"]},
-                               HTTP_LAST_EVENT_ID=first[2]["id"]).streaming_content)
-    assert [e["id"] for e in sse_events(again, 2)] == [e["id"] for e in rest]
-    assert next(again).decode() == ": keepalive\n\n"  # and then nothing: no duplicate, no end
+    with alice_api.stream(path, {"max_seconds": 1, "after": first[0]["id"]}, HTTP_LAST_EVENT_ID=first[2]["id"]) as again:
+        assert [e["id"] for e in sse_events(again, 2)] == [e["id"] for e in rest]
+        assert next(again).decode() == ": keepalive\n\n"  # and then nothing: no duplicate, no end
 
 
 def test_an_open_session_stream_ends_when_its_key_is_revoked(alice, two_runs, fast_stream, monkeypatch):
@@ -185,11 +184,10 @@ def test_the_account_feed_holds_every_run_the_caller_may_see_and_no_other(alice,
     assert alice_api.get("/events", {"after": own[-1]["cursor"]}).json()["items"] == []  # not Bob's
 
     # The operator's stream: three events, a dropped connection, the rest from Last-Event-ID.
-    stream = iter(operator_api.get("/events/stream", {"max_seconds": 60}).streaming_content)
-    first = sse_events(stream, 3)
-    resumed = iter(operator_api.get("/events/stream", {"max_seconds": 60},
-                                    HTTP_LAST_EVENT_ID=first[-1]["id"]).streaming_content)
-    rest = sse_events(resumed, len(everyone) - 3)
+    with operator_api.stream("/events/stream", {"max_seconds": 1}) as stream:
+        first = sse_events(stream, 3)
+    with operator_api.stream("/events/stream", {"max_seconds": 1}, HTTP_LAST_EVENT_ID=first[-1]["id"]) as resumed:
+        rest = sse_events(resumed, len(everyone) - 3)
     seen = sse_pairs(first + rest)
     assert sorted(seen) == sorted(everyone) and len(seen) == len(everyone)
     assert seen == as_pairs(read_all(operator_api, "/events", len(everyone)))

@@ -2,6 +2,7 @@
 client (every request through the real URL routing and middleware, never a bare router), or over
 real HTTP against a server the test started."""
 
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import timedelta
@@ -40,6 +41,21 @@ class Api:
 
     def get(self, path: str, params=None, **headers):
         return self.client.get(f"/api/v1{path}", params or {}, **self.headers, **headers)
+
+    @contextlib.contextmanager
+    def stream(self, path: str, params=None, **headers):
+        """An event stream's chunks; when the block ends the rest is read to the stream's end (give it
+        a short max_seconds), so the test client closes it as it closes every stream it read. A stream
+        left open is closed when it is garbage-collected — its close gives its stream slot back with a
+        query, which, run at that moment inside another query on the same connection, waits for ever."""
+        response = self.get(path, params, **headers)
+        assert response.streaming, (response.status_code, response.content)
+        chunks = iter(response.streaming_content)
+        try:
+            yield chunks
+        finally:
+            for _ in chunks:
+                pass
 
     def post(self, path: str, body=None, **headers):
         data = "" if body is None else json.dumps(body)
