@@ -84,29 +84,18 @@ def _events_of(user):
     return access.visible_run_parts(user=user, parts=feed_events())
 
 
-SSE_MANY_RUNS_RESPONSE = {
-    "200": {
-        "description": (
-            "`text/event-stream`: one event per RunEvent of any of the runs, in commit order (`id:` its cursor, "
-            "`event:` its type, `data:` JSON {run_id, seq, type, payload, created_at}); `: keepalive` comments while "
-            "quiet. The stream does not end when a run does: it ends after `max_seconds`, or with `event: error` "
-            "(`{\"code\": \"access_revoked\"}`) when the caller's access, checked again every 30 seconds, is gone. "
-            "Reconnect with `Last-Event-ID`: nothing is missed, nothing repeated."
-        ),
-        "content": {"text/event-stream": {"schema": {
-            "type": "object",
-            "required": ["event", "data"],
-            "properties": {
-                "id": {"type": "string", "pattern": EVENT_CURSOR_PATTERN,
-                       "description": "the event's cursor: send it back as Last-Event-ID"},
-                "event": {"type": "string", "description": "the RunEvent type (run_status, tool_call, …) or `error`"},
-                "data": {"type": "string", "contentMediaType": "application/json",
-                         "description": "JSON: {run_id, seq, type, payload, created_at}"},
-                "retry": {"type": "integer", "description": "reconnection delay in milliseconds"},
-            },
-        }}},
-    }
-}
+SSE_MANY_RUNS_RESPONSE = streams.sse_response(
+    description=(
+        "`text/event-stream`: one event per RunEvent of any of the runs, in commit order (`id:` its cursor, "
+        "`event:` its type, `data:` JSON {run_id, seq, type, payload, created_at}); `: keepalive` comments while "
+        "quiet. The stream does not end when a run does: it ends after `max_seconds`, or with `event: error` "
+        "(`{\"code\": \"access_revoked\"}`) when the caller's access, checked again every 30 seconds, is gone. "
+        "Reconnect with `Last-Event-ID`: nothing is missed, nothing repeated."
+    ),
+    id_pattern=EVENT_CURSOR_PATTERN, id_meaning="the event's cursor: send it back as Last-Event-ID",
+    events="the RunEvent type (run_status, tool_call, …) or `error`",
+    data="JSON: {run_id, seq, type, payload, created_at}",
+)
 
 
 @router.get("", response={200: FeedPage, **COMMON_ERRORS, **errors(403)}, summary="Events of every run, in commit order")

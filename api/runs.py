@@ -5,7 +5,7 @@ policy lets the caller see; the writes go through the engine's actions."""
 import uuid
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Annotated, Any
+from typing import Annotated
 
 from ninja import Field, Header, Query, Router, Schema, Status
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -414,29 +414,18 @@ def _still_allowed(request, run_id):
     return check
 
 
-SSE_RESPONSE = {
-    "200": {
-        "description": (
-            "`text/event-stream`: one event per RunEvent (`id:` its seq, `event:` its type, `data:` JSON "
-            "{seq, type, payload, created_at}); `: keepalive` comments while quiet; a final `event: end` "
-            "when the run is terminal and everything was sent. Reconnect with `Last-Event-ID`. The caller's "
-            "access is checked again every 30 seconds: a revoked key, a logout or a lost permission ends "
-            "the stream with `event: error` (`{\"code\": \"access_revoked\"}`)."
-        ),
-        # OpenAPI 3.1 convention for event streams: the schema describes one event.
-        "content": {"text/event-stream": {"schema": {
-            "type": "object",
-            "required": ["event", "data"],
-            "properties": {
-                "id": {"type": "string", "pattern": "^[0-9]+$", "description": "the event's seq: send it back as Last-Event-ID"},
-                "event": {"type": "string", "description": "the RunEvent type (run_status, tool_call, approval_requested, …), `end` or `error`"},
-                "data": {"type": "string", "contentMediaType": "application/json",
-                         "description": "JSON: {seq, type, payload, created_at}; for `end`: {status}"},
-                "retry": {"type": "integer", "description": "reconnection delay in milliseconds"},
-            },
-        }}},
-    }
-}
+SSE_RESPONSE = streams.sse_response(
+    description=(
+        "`text/event-stream`: one event per RunEvent (`id:` its seq, `event:` its type, `data:` JSON "
+        "{seq, type, payload, created_at}); `: keepalive` comments while quiet; a final `event: end` "
+        "when the run is terminal and everything was sent. Reconnect with `Last-Event-ID`. The caller's "
+        "access is checked again every 30 seconds: a revoked key, a logout or a lost permission ends "
+        "the stream with `event: error` (`{\"code\": \"access_revoked\"}`)."
+    ),
+    id_pattern="^[0-9]+$", id_meaning="the event's seq: send it back as Last-Event-ID",
+    events="the RunEvent type (run_status, tool_call, approval_requested, …), `end` or `error`",
+    data="JSON: {seq, type, payload, created_at}; for `end`: {status}",
+)
 
 
 @router.get(

@@ -56,6 +56,24 @@ SSE_DOORBELL_PROBE_SECONDS = 0.05
 SSE_DOORBELL_PROBES = 7
 
 
+def sse_response(*, description: str, id_pattern: str, id_meaning: str, events: str, data: str) -> dict:
+    """The OpenAPI description of a Server-Sent Events answer (`openapi_extra={"responses": …}`):
+    OpenAPI 3.1's convention for event streams, whose schema describes one event."""
+    return {"200": {
+        "description": description,
+        "content": {"text/event-stream": {"schema": {
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "id": {"type": "string", "pattern": id_pattern, "description": id_meaning},
+                "event": {"type": "string", "description": events},
+                "data": {"type": "string", "contentMediaType": "application/json", "description": data},
+                "retry": {"type": "integer", "description": "reconnection delay in milliseconds"},
+            },
+        }}},
+    }}
+
+
 def as_seen_by(events, customer: str | None):
     if customer is None:
         return events

@@ -15,20 +15,18 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connection, transaction
+from django.db import connection
 from django.test import override_settings
 
 from api import streams
-from runs_app.events import RunEventType
 from runs_app.live import session_group
 from runs_app.models import Run, RunStatus, WaitReason
-from engine.state import run_transition, run_write
 from tests.support.console import (
     REDIS_TEST_URL, postgres_layer_for_test_db, postgres_layer_pool_drop, redis_layer, require_redis,
 )
 from tests.support.factories import ApiKeyFactory, RunEventFactory, RunFactory, SessionFactory, UserFactory
 from tests.support.processes import ProcessGroup, wait_for
-from tests.support.sse import SseClient
+from tests.support.sse import SseClient, notes_append, run_end
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -119,17 +117,6 @@ def stream_path(run: Run) -> str:
     return f"/api/v1/runs/{run.pk}/events/stream"
 
 
-def append_input(run: Run, *notes: str) -> None:
-    """Events committed the way the engine commits them (run_write), so the doorbell rings after commit."""
-    with transaction.atomic():
-        run_write(run_id=run.pk, events=[(RunEventType.INPUT_QUEUED, {"pending_input": 1, "mode": "queue", "content": note})
-                                          for note in notes])
-
-
-def finish(run: Run) -> None:
-    """The run ends (cancelled while it waits: a legal way out of its wait) through the state module."""
-    with transaction.atomic():
-        assert run_transition(run=Run.objects.get(pk=run.pk), to=RunStatus.CANCELLED)
 
 
 def group_members(layer: str, group: str) -> int:
@@ -160,9 +147,9 @@ def test_events_appended_by_another_process_reach_the_client_in_order_by_doorbel
         def writer():
             try:
                 for n in range(10):  # as soon as the stream is open: some land while it joins the group
-                    append_input(run, f"note {n}")
-                append_input(run, "batch a", "batch b", "batch c")  # one commit, one doorbell
-                finish(run)
+                    notes_append(run, f"note {n}")
+                notes_append(run, "batch a", "batch b", "batch c")  # one commit, one doorbell
+                run_end(run)
             finally:
                 connection.close()
 
@@ -251,7 +238,7 @@ def test_the_wire_format_is_unchanged_by_the_doorbell(daphne, waiting_run):
     run, key = waiting_run
     client = SseClient(daphne.procs.base_url, stream_path(run), key)
     try:
-        finish(run)
+        run_end(run)
         raw = []
         while True:
             frame = client.frame()

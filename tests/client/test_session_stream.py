@@ -7,14 +7,13 @@ import threading
 
 import httpx
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
-from engine.state import run_transition, run_write
-from runs_app.events import RunEventType
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
 from tests.support.api import grant
 from tests.support.factories import ApiKeyFactory, RunFactory, SessionFactory, UserFactory
 from tests.support.processes import wait_for
+from tests.support.sse import notes_append, run_end
 from warden_client import PermissionDeniedError, ReconnectPolicy, Warden
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -24,21 +23,12 @@ def waiting_run(session) -> Run:
     return RunFactory(session=session, status=RunStatus.WAITING, phase="", wait_reason=WaitReason.APPROVAL)
 
 
-def append_notes(run: Run, *notes: str) -> None:
-    with transaction.atomic():
-        run_write(run_id=run.pk, events=[(RunEventType.INPUT_QUEUED, {"pending_input": 1, "mode": "queue", "content": note})
-                                          for note in notes])
-
-
-def finish(run: Run) -> None:
-    with transaction.atomic():
-        assert run_transition(run=Run.objects.get(pk=run.pk), to=RunStatus.CANCELLED)
 
 
 def test_a_session_stream_delivers_two_runs_once_each_across_the_servers_ends_of_stream(procs, customer, customer_key):
     session = SessionFactory(owner=customer)
     first = waiting_run(session)
-    append_notes(first, "one", "two")
+    notes_append(first, "one", "two")
     procs.start_web()
 
     requests: list[httpx.Request] = []
@@ -63,14 +53,14 @@ def test_a_session_stream_delivers_two_runs_once_each_across_the_servers_ends_of
     reader.start()
     try:
         wait_for(lambda: len(received) == 2 or failure, message="the first run's events")
-        finish(first)
+        run_end(first)
         second = waiting_run(session)
         second_id.append(str(second.pk))
-        append_notes(second, "three")
+        notes_append(second, "three")
         connections_so_far = len(requests)
         wait_for(lambda: len(requests) >= connections_so_far + 2 or failure, message="the stream to be reopened")
-        append_notes(second, "four", "five")
-        finish(second)
+        notes_append(second, "four", "five")
+        run_end(second)
         connection.close()
         reader.join(timeout=120)
     finally:
@@ -98,7 +88,7 @@ def test_a_session_stream_delivers_two_runs_once_each_across_the_servers_ends_of
 def test_every_runs_events_are_for_keys_that_may_follow_them(procs, customer, customer_key):
     runs = [waiting_run(SessionFactory(owner=customer)) for _ in range(2)]
     for run in runs:
-        append_notes(run, f"note of {run.pk}")
+        notes_append(run, f"note of {run.pk}")
     integrator = grant(UserFactory(username="integrator"), ("runs_app", "view_run"), ("runs_app", "follow_all_events"))
     procs.start_web()
 

@@ -6,13 +6,12 @@ import threading
 
 import httpx
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
-from engine.state import run_transition, run_write
-from runs_app.events import RunEventType
-from runs_app.models import Run, RunEvent, RunStatus, WaitReason
+from runs_app.models import RunEvent, RunStatus, WaitReason
 from tests.support.factories import RunFactory, SessionFactory
 from tests.support.processes import ProcessGroup, wait_for
+from tests.support.sse import notes_append, run_end
 from warden_client import ReconnectPolicy, Warden
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -31,17 +30,11 @@ def own_server(layer_for_this_process):
     group.stop_all()
 
 
-def append_notes(run: Run, *notes: str) -> None:
-    """Events committed as the engine commits them (the doorbell rings after commit)."""
-    with transaction.atomic():
-        run_write(run_id=run.pk, events=[(RunEventType.INPUT_QUEUED, {"pending_input": 1, "mode": "queue", "content": note})
-                                          for note in notes])
-
 
 def test_a_run_stream_resumes_across_a_server_restart_with_no_gap_and_no_duplicate(own_server, customer, customer_key):
     run = RunFactory(session=SessionFactory(owner=customer), status=RunStatus.WAITING, phase="",
                      wait_reason=WaitReason.APPROVAL)
-    append_notes(run, "one", "two")
+    notes_append(run, "one", "two")
     own_server.start_web()
 
     sent_last_event_ids: list[str | None] = []
@@ -60,18 +53,17 @@ def test_a_run_stream_resumes_across_a_server_restart_with_no_gap_and_no_duplica
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        append_notes(run, "three", "four")
+        notes_append(run, "three", "four")
         wait_for(lambda: len(received) == 4 or failure, message="the first four events")
 
         own_server.stop("web")  # SIGKILL: the stream breaks mid-way
-        append_notes(run, "five, while the server is down")
-        append_notes(run, "six, while the server is down")
+        notes_append(run, "five, while the server is down")
+        notes_append(run, "six, while the server is down")
         own_server.start_web()  # the same port
         wait_for(lambda: len(received) == 6 or failure, message="the events written while the server was down")
 
-        append_notes(run, "seven", "eight")
-        with transaction.atomic():
-            assert run_transition(run=Run.objects.get(pk=run.pk), to=RunStatus.CANCELLED)
+        notes_append(run, "seven", "eight")
+        run_end(run)
         connection.close()
         reader.join(timeout=120)
     finally:

@@ -1,6 +1,25 @@
-"""A Server-Sent Events client of a real web server the test started, read frame by frame."""
+"""A Server-Sent Events client of a real web server the test started, read frame by frame, and the
+writes a stream test makes to a waiting run as the engine makes them."""
 
 import httpx
+from django.db import transaction
+
+from engine.state import run_transition, run_write
+from runs_app.events import RunEventType
+from runs_app.models import Run, RunStatus
+
+
+def notes_append(run: Run, *notes: str) -> None:
+    """Events committed the way the engine commits them (run_write), so the doorbell rings after commit."""
+    with transaction.atomic():
+        run_write(run_id=run.pk, events=[(RunEventType.INPUT_QUEUED, {"pending_input": 1, "mode": "queue", "content": note})
+                                          for note in notes])
+
+
+def run_end(run: Run) -> None:
+    """The run ends (cancelled while it waits: a legal way out of its wait) through the state module."""
+    with transaction.atomic():
+        assert run_transition(run=Run.objects.get(pk=run.pk), to=RunStatus.CANCELLED)
 
 
 class SseClient:
