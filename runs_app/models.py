@@ -261,6 +261,12 @@ class Step(models.Model):
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     finish_reason = models.CharField(max_length=32, blank=True)
+    # A model step: the endpoint and model that answered it (a fallback's when the primary failed;
+    # blank: the deployment's default endpoint or a provider without endpoints) and what the call
+    # cost from that model's prices, in WARDEN_COST_CURRENCY (null: no prices known).
+    endpoint = models.CharField(max_length=64, blank=True, default="")
+    model = models.CharField(max_length=100, blank=True, default="")
+    cost = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     # Which history messages (by seq) the model saw, and any summary it saw instead of older ones.
     context_manifest = models.JSONField(default=dict, blank=True)
     discard_reason = models.CharField(max_length=300, blank=True)
@@ -332,10 +338,13 @@ class ContextSummary(models.Model):
 
 class EndpointKind(models.TextChoices):
     """The wire protocol a model endpoint speaks, and so the provider that calls it
-    (runs_app.endpoints.ENDPOINT_PROVIDERS). Only Chat Completions exists so far; OpenAI's Responses,
-    Anthropic's Messages and a deployment's own provider class are to be added here (issue 32)."""
+    (runs_app.endpoints.ENDPOINT_PROVIDERS); `custom`: the provider the endpoint names itself, one of
+    the deployment's WARDEN_PROVIDERS."""
 
     CHAT_COMPLETIONS = "chat_completions", "OpenAI-compatible Chat Completions"
+    RESPONSES = "responses", "OpenAI Responses"
+    ANTHROPIC_MESSAGES = "anthropic_messages", "Anthropic Messages"
+    CUSTOM = "custom", "A deployment's own provider"
 
 
 class ModelEndpoint(models.Model):
@@ -348,6 +357,9 @@ class ModelEndpoint(models.Model):
     name = models.SlugField(max_length=64, unique=True, help_text="Agent definitions name the endpoint by it.")
     kind = models.CharField(max_length=32, choices=EndpointKind.choices, default=EndpointKind.CHAT_COMPLETIONS)
     base_url = models.URLField(max_length=300, help_text="e.g. https://api.openai.com/v1 (…/chat/completions is added).")
+    # Kind `custom` only: the name of the deployment's provider (a key of WARDEN_PROVIDERS) that calls it.
+    provider = models.CharField(max_length=64, blank=True, default="",
+                                help_text="Kind “a deployment's own provider” only: its name in WARDEN_PROVIDERS.")
     # Sealed (config.secrets): never shown, logged or sent anywhere but to the endpoint itself.
     credential = models.TextField(blank=True, default="", editable=False)
     # Model calls one worker process has in flight to this endpoint at once; null: the deployment's
@@ -365,6 +377,10 @@ class ModelEndpoint(models.Model):
                                    name="model_endpoint_concurrency_positive"),
             models.CheckConstraint(condition=Q(timeout_seconds__gt=0) & Q(connect_timeout_seconds__gt=0),
                                    name="model_endpoint_timeouts_positive"),
+            models.CheckConstraint(condition=Q(kind__in=EndpointKind.values), name="model_endpoint_kind_valid"),
+            models.CheckConstraint(condition=(Q(kind=EndpointKind.CUSTOM) & ~Q(provider=""))
+                                   | (~Q(kind=EndpointKind.CUSTOM) & Q(provider="")),
+                                   name="model_endpoint_provider_iff_custom"),
         ]
 
     def __str__(self) -> str:
