@@ -79,17 +79,11 @@ class RunExecutor:
         self._pid = os.getpid()
 
     def submit(self, run_id: str) -> str:
-        # A task for a run that is not queued (a duplicate: the sweeper re-announces runs that wait
-        # long in the queue) ends here, without waiting for a slot behind the runs in flight.
-        queued = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).exists()
-        connection_give_back()
-        if not queued:
-            liveness.count("tasks:not-claimable")
-            return "not-claimable"
-        if not self._slots.acquire(timeout=slot_wait_seconds()):
-            liveness.count("tasks:no-free-slot")
-            run_enqueue_now(run_id)  # every slot busy all that time: back to the queue
-            return "no-free-slot"
+        # With a slot free, the run goes to its thread at once: the thread's claim refuses a run
+        # that is not queued. This thread takes the queue's tasks one after another while the runs'
+        # threads hold the GIL and the pool's connections, so it asks the database nothing then.
+        if not self._slots.acquire(blocking=False) and (refused := self._slot_wait(run_id)):
+            return refused
         liveness.gauge_add("runs_in_flight", 1)
         try:
             # A fresh context per run: log fields and spans never leak from the thread's last run.
@@ -99,6 +93,22 @@ class RunExecutor:
             self._slots.release()
             raise
         return "submitted"
+
+    def _slot_wait(self, run_id: str) -> str | None:
+        """Every slot busy: a task for a run that is not queued (a duplicate: the sweeper re-announces
+        runs that wait long in the queue) ends at once rather than wait behind the runs in flight;
+        a queued one waits for a slot, and after slot_wait_seconds goes back to the queue. None: a
+        slot is taken; else why the task ends."""
+        queued = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).exists()
+        connection_give_back()
+        if not queued:
+            liveness.count("tasks:not-claimable")
+            return "not-claimable"
+        if not self._slots.acquire(timeout=slot_wait_seconds()):
+            liveness.count("tasks:no-free-slot")
+            run_enqueue_now(run_id)  # every slot busy all that time: back to the queue
+            return "no-free-slot"
+        return None
 
     def _drive(self, run_id: str) -> None:
         try:
