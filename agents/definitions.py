@@ -6,7 +6,7 @@ classifier of interjections. Every save of a definition becomes a new immutable 
 run keeps the version it started with.
 
 `agent_definition_check` refuses a definition that names an unknown tool, provider or model
-endpoint, or a model its endpoint does not offer, whose rules do not parse, or one of whose rules
+endpoint (its own or its fallback), or a model its endpoint does not offer, whose rules do not parse, or one of whose rules
 can never apply (an earlier rule already covers every argument it would match: first match wins) —
 naming the field, so the admin and the API can say where. `approval_rule_match` is the run-time's evaluation of the rules on a call's validated
 arguments: the first rule whose condition holds decides who must approve, and why."""
@@ -23,10 +23,16 @@ from django.utils.text import slugify
 from agents.errors import AgentRefusal
 from agents.limits import limits_check, write_caps_check
 from config.errors import WardenError
-from runs_app.endpoints import ENDPOINT_OPTION, ENDPOINT_PROVIDERS, endpoint_get, endpoint_model_names, endpoint_names
-from runs_app.models import ModelEndpoint
+from runs_app.endpoints import (ENDPOINT_OPTION, ENDPOINT_PROVIDERS, endpoint_get, endpoint_model_names, endpoint_names,
+                                 endpoint_provider)
+from runs_app.models import EndpointKind, ModelEndpoint
 from tools_app.models import ToolEffect
 from tools_app.registry import ASK_USER, ApprovalRequirement, tool_get, tool_list
+
+# Providers that only speak a model endpoint of their kind: the deployment's default endpoint (the
+# OPENAI_* settings) speaks Chat Completions, so an agent naming one of these must name an endpoint.
+_ENDPOINT_ONLY_PROVIDERS = {provider: EndpointKind(kind).label for kind, provider in ENDPOINT_PROVIDERS.items()
+                            if kind != EndpointKind.CHAT_COMPLETIONS}
 
 # Who a rule asks: nobody (the call runs at once), the session's user, or operators.
 APPROVALS = (ApprovalRequirement.NONE, ApprovalRequirement.USER, ApprovalRequirement.OPERATOR)
@@ -336,14 +342,22 @@ def agent_definition_check(definition: dict) -> dict:
         clean["instructions"] = instructions.strip()
     endpoint = _endpoint_check(definition.get("endpoint") or "", errors)
     clean["endpoint"] = endpoint.name if endpoint is not None else ""
-    provider = definition.get("provider") or (ENDPOINT_PROVIDERS[endpoint.kind] if endpoint is not None else
-                                              settings.WARDEN_MODEL_PROVIDER)
-    if provider not in settings.WARDEN_PROVIDERS:
+    # The provider that speaks the endpoint: its kind's, or the one a `custom` endpoint names.
+    speaks = endpoint_provider(kind=endpoint.kind, provider=endpoint.provider) if endpoint is not None else ""
+    provider = definition.get("provider") or (speaks if endpoint is not None else settings.WARDEN_MODEL_PROVIDER)
+    if endpoint is not None and speaks not in settings.WARDEN_PROVIDERS:
+        errors["endpoint"] = (f"endpoint {endpoint.name!r} is called by provider {speaks!r}, which is not configured "
+                              f"(WARDEN_PROVIDERS: {', '.join(sorted(settings.WARDEN_PROVIDERS))}): fix the "
+                              "endpoint's provider in the desk, or configure it")
+    elif provider not in settings.WARDEN_PROVIDERS:
         errors["provider"] = (f"unknown provider {provider!r}; configured (WARDEN_PROVIDERS): "
                               f"{', '.join(sorted(settings.WARDEN_PROVIDERS))}")
-    elif endpoint is not None and provider != ENDPOINT_PROVIDERS[endpoint.kind]:
+    elif endpoint is not None and provider != speaks:
         errors["provider"] = (f"endpoint {endpoint.name!r} speaks {endpoint.get_kind_display()}: its provider is "
-                              f"{ENDPOINT_PROVIDERS[endpoint.kind]!r} (or leave the provider blank)")
+                              f"{speaks!r} (or leave the provider blank)")
+    elif endpoint is None and provider in _ENDPOINT_ONLY_PROVIDERS:
+        errors["provider"] = (f"provider {provider!r} calls a model endpoint of kind "
+                              f"{_ENDPOINT_ONLY_PROVIDERS[provider]}: name one (`endpoint`) with one of its models")
     else:
         clean["provider"] = provider
     model = definition.get("model") or ""
@@ -354,6 +368,7 @@ def agent_definition_check(definition: dict) -> dict:
         if endpoint is not None and clean["model"] not in (offered := endpoint_model_names(endpoint)):
             errors["model"] = (f"{clean['model']!r} is not a model endpoint {endpoint.name!r} offers" if clean["model"] else
                                f"endpoint {endpoint.name!r} needs one of its models") + f"; it offers: {', '.join(offered) or 'none yet'}"
+    _fallback_check(definition, endpoint=endpoint, clean=clean, errors=errors)
     options = definition.get("provider_options") or {}
     if not isinstance(options, dict):
         errors["provider_options"] = "a JSON object"
@@ -415,6 +430,46 @@ def _endpoint_check(name: Any, errors: dict[str, str]) -> ModelEndpoint | None:
         errors["endpoint"] = (f"unknown model endpoint {name!r}; defined (the desk's Model endpoints): "
                               f"{', '.join(endpoint_names()) or 'none'}")
     return endpoint
+
+
+def _fallback_check(definition: dict, *, endpoint: ModelEndpoint | None, clean: dict, errors: dict[str, str]) -> None:
+    """`fallback_endpoint` and `fallback_model`: where the agent's model calls go when its endpoint
+    fails with a transient error (engine/model_route.py) — an endpoint that exists, speaks a configured
+    provider and offers the model, and is not the agent's own endpoint and model again."""
+    name, model = definition.get("fallback_endpoint") or "", definition.get("fallback_model") or ""
+    clean["fallback_endpoint"], clean["fallback_model"] = "", ""
+    if not isinstance(model, str) or len(model) > 100:
+        errors["fallback_model"] = "a model name of at most 100 characters"
+        return
+    model = model.strip()
+    if not name:
+        if model:
+            errors["fallback_model"] = "a fallback model needs the fallback_endpoint that offers it"
+        return
+    fallback = endpoint_get(name=name) if isinstance(name, str) else None
+    if fallback is None:
+        errors["fallback_endpoint"] = (f"unknown model endpoint {name!r}; defined (the desk's Model endpoints): "
+                                       f"{', '.join(endpoint_names()) or 'none'}")
+        return
+    if endpoint is None:
+        if "endpoint" not in errors:
+            errors["fallback_endpoint"] = "a fallback backs up the agent's own endpoint: name an `endpoint` too"
+        return
+    provider = endpoint_provider(kind=fallback.kind, provider=fallback.provider)
+    if provider not in settings.WARDEN_PROVIDERS:
+        errors["fallback_endpoint"] = (f"endpoint {fallback.name!r} speaks {fallback.get_kind_display()}, which no "
+                                       "configured provider (WARDEN_PROVIDERS) speaks")
+        return
+    offered = endpoint_model_names(fallback)
+    if model not in offered:
+        errors["fallback_model"] = (f"{model!r} is not a model endpoint {fallback.name!r} offers" if model else
+                                    f"fallback endpoint {fallback.name!r} needs one of its models") + \
+            f"; it offers: {', '.join(offered) or 'none yet'}"
+        return
+    if fallback.pk == endpoint.pk and model == clean.get("model"):
+        errors["fallback_model"] = "the fallback is the agent's own endpoint and model: name another model or endpoint"
+        return
+    clean["fallback_endpoint"], clean["fallback_model"] = fallback.name, model
 
 
 def approval_requirement(*, version, tool, arguments: dict) -> RuleMatch:

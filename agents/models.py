@@ -45,6 +45,11 @@ class AgentVersion(models.Model):
     endpoint = models.ForeignKey("runs_app.ModelEndpoint", null=True, blank=True, on_delete=models.PROTECT,
                                  related_name="agent_versions")
     model = models.CharField(max_length=100, blank=True)
+    # Where its runs' model calls go when the endpoint fails with a transient error (engine/model_route.py),
+    # `fallback_model` being one that endpoint offers; null: no fallback.
+    fallback_endpoint = models.ForeignKey("runs_app.ModelEndpoint", null=True, blank=True, on_delete=models.PROTECT,
+                                          related_name="fallback_for_versions")
+    fallback_model = models.CharField(max_length=100, blank=True, default="")
     provider_options = models.JSONField(default=dict, blank=True)
     # Tool names (the run-time's own ask_user is always offered besides).
     tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)

@@ -62,11 +62,13 @@ def agent_versions_of(*, slug: str):
 
 
 def endpoint_models_in_use(*, endpoint_id) -> dict[str, list[str]]:
-    """The models of a model endpoint that agents' current versions name, with those agents' slugs:
-    what the endpoint must keep offering."""
+    """The models of a model endpoint that agents' current versions name — as their own or as their
+    fallback — with those agents' slugs: what the endpoint must keep offering."""
     used: dict[str, list[str]] = {}
-    for slug, model in (Agent.objects.filter(current_version__endpoint_id=endpoint_id).order_by("slug")
-                        .values_list("slug", "current_version__model")):
-        used.setdefault(model, []).append(slug)
+    for endpoint_field, model_field in (("endpoint_id", "model"), ("fallback_endpoint_id", "fallback_model")):
+        for slug, model in (Agent.objects.filter(**{f"current_version__{endpoint_field}": endpoint_id}).order_by("slug")
+                            .values_list("slug", f"current_version__{model_field}")):
+            if slug not in used.get(model, []):
+                used.setdefault(model, []).append(slug)
     return used
 

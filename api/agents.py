@@ -22,6 +22,9 @@ class AgentVersionOut(Schema):
     provider: str
     endpoint: str = Field(description="the model endpoint its runs call (by name); empty: the deployment's default")
     model: str
+    fallback_endpoint: str = Field(description="the model endpoint its calls fall back to when `endpoint` fails with a "
+                                               "transient error (by name); empty: none")
+    fallback_model: str = Field(description="the model the fallback endpoint is asked for")
     provider_options: ShownJSON
     tools: list[str]
     budgets: ShownJSON = Field(description="defaults of a run's budgets: max_model_calls, max_tokens, deadline_seconds")
@@ -40,6 +43,10 @@ class AgentVersionOut(Schema):
     @staticmethod
     def resolve_endpoint(version) -> str:
         return version.endpoint.name if version.endpoint_id else ""
+
+    @staticmethod
+    def resolve_fallback_endpoint(version) -> str:
+        return version.fallback_endpoint.name if version.fallback_endpoint_id else ""
 
     @staticmethod
     def resolve_created_by(version) -> str | None:
@@ -74,6 +81,9 @@ class AgentIn(BodyIn):
     endpoint: StorableText = Field("", max_length=64, description="a model endpoint's name (the desk's Model endpoints); "
                                                                  "the provider follows from it, the model must be one it offers")
     model: StorableText = Field("", max_length=100)
+    fallback_endpoint: StorableText = Field("", max_length=64, description="a model endpoint the calls go to when "
+                                                                          "`endpoint` fails with a transient error")
+    fallback_model: StorableText = Field("", max_length=100, description="one the fallback endpoint offers")
     provider_options: StorableJSON = Field(default_factory=dict)
     tools: list[str] = Field(default_factory=list, description="registered tool names (WARDEN_TOOL_MODULES)")
     budgets: StorableJSON = Field(default_factory=dict)

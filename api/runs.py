@@ -126,12 +126,22 @@ class StepOut(Schema):
     output_tokens: int
     finish_reason: str
     discard_reason: str
+    endpoint: str = Field(description="model steps: the model endpoint the call went to, by name — the agent's "
+                                      "fallback when its own failed (empty: the deployment's default endpoint)")
+    model: str = Field(description="model steps: the model that endpoint was asked for")
+    cost: str | None = Field(description="model steps: what the call cost from that model's prices per million "
+                                         "prompt and answer tokens, a decimal in WARDEN_COST_CURRENCY; null: no "
+                                         "usage reported or no prices known")
     text: str = Field(description="what the model said in this step (streamed so far while running)")
     context_manifest: ShownJSON = Field(description="model steps: which history messages the call saw (`message_seq_ranges`: inclusive [first, last] seq ranges) and which summary")
 
     @staticmethod
     def resolve_text(step) -> str:
         return step.streamed_text
+
+    @staticmethod
+    def resolve_cost(step) -> str | None:
+        return None if step.cost is None else str(step.cost)
 
 
 class AppliedEffectOut(Schema):

@@ -344,7 +344,8 @@ WARDEN_WRITES_PER_TURN = _env_int("WARDEN_WRITES_PER_TURN", 1)
 WARDEN_WRITES_PER_RUN = _env_int("WARDEN_WRITES_PER_RUN", 5)
 # WARDEN_APPROVAL_TTL_SECONDS: how long an approval request stays open; default 86400 (a day).
 WARDEN_APPROVAL_TTL_SECONDS = _env_int("WARDEN_APPROVAL_TTL_SECONDS", 86_400)
-# WARDEN_CONTEXT_TOKENS: token window of the model context built from history; default 8000.
+# WARDEN_CONTEXT_TOKENS: token window of the model context built from history, for runs whose model has no
+# context window of its own (an endpoint's models do: engine/model_route.py); default 8000.
 WARDEN_CONTEXT_TOKENS = _env_int("WARDEN_CONTEXT_TOKENS", 8000)
 # WARDEN_RECONCILE_GRACE_SECONDS: how long after an ambiguous write a "not found downstream"
 # answer is still treated as "maybe not booked yet" rather than "not applied"; default 30.
@@ -379,11 +380,14 @@ if not WARDEN_DEMO and any(m == "demo" or m.startswith("demo.") for m in WARDEN_
     raise RuntimeError("WARDEN_TOOL_MODULES names the demo world's tools, which exist only in demo mode: set WARDEN_DEMO=1 or remove them.")
 # Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.
 # WARDEN_PROVIDER_CLASSES: comma-separated `name=dotted.path.Class` pairs a deployment adds (or
-# overrides) beside the built-in scripted and openai; default none.
+# overrides) beside the built-in ones — scripted, openai (Chat Completions), openai-responses and
+# anthropic (Messages), the last three the providers of those kinds of model endpoint; default none.
 WARDEN_PROVIDERS = {
     # In demo mode the scripted model knows the demo world (demo/model.py); otherwise it follows scripts.
     "scripted": "demo.model.DemoModel" if WARDEN_DEMO else "runs_app.providers.scripted.ScriptedProvider",
     "openai": "runs_app.providers.openai.OpenAIProvider",
+    "openai-responses": "runs_app.providers.responses.ResponsesProvider",
+    "anthropic": "runs_app.providers.anthropic.AnthropicProvider",
     **dict(pair.split("=", 1) for pair in _env_list("WARDEN_PROVIDER_CLASSES", "") if "=" in pair),
 }
 # WARDEN_DEFAULT_AGENT: the slug of the agent a new session gets when it names none (API, console);

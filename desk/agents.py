@@ -37,6 +37,9 @@ class AgentForm(forms.ModelForm):
                                          "endpoint's, else WARDEN_MODEL_PROVIDER.")
     model = forms.CharField(max_length=100, required=False,
                             help_text="The model name the provider is asked for; with an endpoint, one it offers.")
+    fallback_endpoint = forms.ChoiceField(required=False, help_text="Where its model calls go when the endpoint fails "
+                                                                    "with a transient error (unreachable, 5xx, 429); blank: none.")
+    fallback_model = forms.CharField(max_length=100, required=False, help_text="One the fallback endpoint offers.")
     tools = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 90}),
                             help_text="Tool names, comma- or line-separated (registered through WARDEN_TOOL_MODULES). "
                                       "ask_user is always offered.")
@@ -66,6 +69,7 @@ class AgentForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["endpoint"].choices = [("", "— the default (OPENAI_* settings) —"), *((n, n) for n in endpoint_names())]
+        self.fields["fallback_endpoint"].choices = [("", "— none —"), *((n, n) for n in endpoint_names())]
         if "slug" in self.fields:  # read-only once the agent exists
             self.fields["slug"].required = False
             self.fields["slug"].help_text = "Derived from the name when left blank; sessions name the agent by it."
@@ -74,13 +78,14 @@ class AgentForm(forms.ModelForm):
             for field in self.JSON_FIELDS:
                 self.initial[field] = json.dumps(definition[field], indent=2)
             self.initial["tools"] = ", ".join(definition["tools"])
-            for field in ("instructions", "provider", "endpoint", "model", "interjection_classifier"):
+            for field in ("instructions", "provider", "endpoint", "model", "fallback_endpoint", "fallback_model",
+                          "interjection_classifier"):
                 self.initial[field] = definition[field]
 
     def clean(self):
         cleaned = super().clean()
         definition = {field: cleaned.get(field) for field in ("name", "slug", "instructions", "provider", "endpoint", "model",
-                                                               "interjection_classifier")}
+                                                               "fallback_endpoint", "fallback_model", "interjection_classifier")}
         definition["tools"] = [t.strip() for t in re.split(r"[,\n]", cleaned.get("tools") or "") if t.strip()]
         for field in self.JSON_FIELDS:
             text = (cleaned.get(field) or "").strip()
@@ -118,7 +123,8 @@ class AgentAdmin(admin.ModelAdmin):
     list_display = ("name", "slug", "version", "tools_list", "provider_model", "updated_at")
     inlines = [AgentVersionInline]
     fieldsets = (
-        (None, {"fields": ("name", "slug", "instructions", "endpoint", "provider", "model", "tools", "interjection_classifier")}),
+        (None, {"fields": ("name", "slug", "instructions", "endpoint", "provider", "model", "fallback_endpoint",
+                           "fallback_model", "tools", "interjection_classifier")}),
         ("Approval rules", {"fields": ("approval_rules",)}),
         ("Limits on money", {"fields": ("write_caps", "limits")}),
         ("Budgets and provider options", {"fields": ("budgets", "budget_limits", "provider_options")}),

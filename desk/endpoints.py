@@ -9,7 +9,8 @@ from django.contrib import admin, messages
 from access import policy as access
 from agents.selectors import endpoint_models_in_use
 from desk.base import ReadOnlyAdmin
-from engine.actions.endpoints import endpoint_base_url_problem, endpoint_credential_problem, endpoint_save
+from engine.actions.endpoints import (endpoint_base_url_problem, endpoint_credential_problem, endpoint_provider_problem,
+                                     endpoint_save)
 from runs_app.models import EndpointModel, ModelEndpoint
 
 
@@ -18,15 +19,17 @@ class ModelEndpointForm(forms.ModelForm):
     new_credential = forms.CharField(
         label="New credential", required=False, strip=True,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="The API key, sent as a bearer token. Leave blank to keep the one set; a new one is used by the "
-                  "next model call, without restarting workers.")
+        help_text="The API key (sent as a bearer token; to Anthropic as x-api-key). Leave blank to keep the one "
+                  "set; a new one is used by the next model call, without restarting workers.")
     credential_clear = forms.BooleanField(label="Remove the credential", required=False)
     base_url = forms.URLField(max_length=300, assume_scheme="https",
-                              help_text="e.g. https://api.openai.com/v1 (…/chat/completions is added).")
+                              help_text="Chat Completions and Responses: e.g. https://api.openai.com/v1 (…/chat/completions or "
+                                        "…/responses is added); Anthropic Messages: https://api.anthropic.com (…/v1/messages "
+                                        "is added).")
 
     class Meta:
         model = ModelEndpoint
-        fields = ("name", "kind", "base_url", "max_concurrency", "timeout_seconds", "connect_timeout_seconds")
+        fields = ("name", "kind", "provider", "base_url", "max_concurrency", "timeout_seconds", "connect_timeout_seconds")
 
     def clean_base_url(self):
         base_url = self.cleaned_data["base_url"]
@@ -44,6 +47,9 @@ class ModelEndpointForm(forms.ModelForm):
         cleaned = super().clean()
         if cleaned.get("new_credential") and cleaned.get("credential_clear"):
             self.add_error("credential_clear", "Either a new credential or its removal, not both.")
+        if "kind" in cleaned and (problem := endpoint_provider_problem(kind=cleaned["kind"],
+                                                                      provider=cleaned.get("provider") or "")):
+            self.add_error("provider", problem[:1].upper() + problem[1:] + ".")
         return cleaned
 
 
@@ -93,7 +99,7 @@ class ModelEndpointAdmin(admin.ModelAdmin):
     inlines = [EndpointModelInline]
     readonly_fields = ("credential_state", "created_at", "updated_at")
     fieldsets = (
-        (None, {"fields": ("name", "kind", "base_url")}),
+        (None, {"fields": ("name", "kind", "provider", "base_url")}),
         ("Credential", {"fields": ("credential_state", "new_credential", "credential_clear")}),
         ("Limits", {"fields": ("max_concurrency", "timeout_seconds", "connect_timeout_seconds")}),
         (None, {"fields": ("created_at", "updated_at")}),

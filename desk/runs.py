@@ -33,8 +33,8 @@ DID_NOT_HAPPEN = "did_not_happen"
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = ("index", "kind", "status", "finish_reason", "input_tokens", "output_tokens", "duration", "discard_reason",
-              "context_manifest")
+    fields = ("index", "kind", "status", "finish_reason", "input_tokens", "output_tokens", "endpoint", "model", "cost",
+              "duration", "discard_reason", "context_manifest")
     readonly_fields = fields
     classes = ("collapse",)
 

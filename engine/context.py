@@ -189,7 +189,9 @@ def _newest_blocks(*, session_id, after_seq: int, budget: int) -> _Newest:
 def context_build(*, session_id, provider: Provider | None = None, window_tokens: int | None = None,
                   instructions: str | None = None) -> BuiltContext:
     """The messages for the next model call, after the system prompt: the run's agent version's
-    `instructions`, or Warden's own SYSTEM_PROMPT for a run without one. With `provider`, an
+    `instructions`, or Warden's own SYSTEM_PROMPT for a run without one. `window_tokens` is what the
+    prompt may take — the run's models' window less the answer's limit (engine/model_route.py) —
+    else WARDEN_CONTEXT_TOKENS; compaction starts when the history outgrows it. With `provider`, an
     older part that no longer fits is summarized (once) and stored; without one (classifying
     input), it is left out."""
     system_prompt = instructions or SYSTEM_PROMPT

@@ -5,6 +5,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -21,13 +22,12 @@ from engine.context import BuiltContext, CachedContext, context_build, context_f
 from engine.faults import fault_point
 from engine.interjections import inputs_at_safe_point
 from engine.lease import RunBeat, connection_give_back
+from engine.model_route import FALLBACK, PRIMARY, Route, route_read
 from engine.state import Lease, run_phase_enter, run_phase_values, run_transition, run_write, step_create, step_discard, step_transition
 from engine.tool_exec import tool_call_rows, tool_calls_create
 from runs_app.events import RunEventType
 from runs_app.live import step_deltas
 from runs_app.models import Run, RunErrorCode, RunPhase, RunStatus, Step, StepKind, StepStatus, WaitReason
-from runs_app.endpoints import run_endpoint
-from runs_app.providers import get_provider
 from agents.selectors import run_agent_version, run_offered_tools
 from runs_app.providers.base import (
     Finish,
@@ -63,10 +63,22 @@ class StreamResult:
     input_tokens: int = 0
     output_tokens: int = 0
     aborted: str = ""  # "cancel" when the stream was cut short on purpose
+    # Which endpoint and model the call went to, and what it cost (Route.answered_by): the step's record.
+    endpoint: str = ""
+    model: str = ""
+    cost: Decimal | None = None
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the server sent anything of an answer (then a failure is not retried elsewhere)."""
+        return bool(self.text or self.calls or self.tokens)
+
+    def answered_by(self) -> dict:
+        return {"endpoint": self.endpoint, "model": self.model, "cost": self.cost}
 
 
 class _StreamBroken(Exception):
@@ -130,7 +142,8 @@ def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step 
         discarded = step_discard(
             step=step, reason=reason, lease_token=lease.token,
             **({"input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
-                "finish_reason": result.finish_reason[:32], "streamed_text": result.text} if result is not None else {}),
+                "finish_reason": result.finish_reason[:32], "streamed_text": result.text, **result.answered_by()}
+               if result is not None else {}),
             **({"context_manifest": manifest} if manifest is not None else {}),
         )
         run_write(run_id=run.id, changes=values, events=[discarded], lease_token=lease.token)
@@ -141,6 +154,8 @@ def model_step_discard(*, cp: Checkpoint, lease: Lease, reason: str, step: Step 
 def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | None:
     run = cp.run
     step = cp.latest_step
+    # The call before this one failed with a transient error: this is its retry (engine/model_route.py).
+    retrying = step is not None and step.kind == StepKind.MODEL and step.status == StepStatus.FAILED
     own_open_step = (
         step is not None and step.kind == StepKind.MODEL and step.status == StepStatus.RUNNING and step.lease_token == lease.token
     )
@@ -152,14 +167,14 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | Non
     version = run_agent_version(run)
     offered = run_offered_tools(run)
     try:
-        # The run's model endpoint as it stands now (a rotated key applies to this call), read while
+        # The run's model endpoints as they stand now (a rotated key applies to this call), read while
         # this thread still holds its database connection.
         try:
-            endpoint = run_endpoint(run)
+            route = route_read(run)
         except PermanentModelError as error:
             raise _StreamBroken(error, StreamResult()) from error
-        provider = get_provider(run.provider, endpoint=endpoint)
-        built = _context(run=run, lease=lease, provider=provider,
+        endpoint = route.endpoint
+        built = _context(run=run, lease=lease, route=route,
                          instructions=version.instructions if version is not None else None, cached=cp.context)
         tools = tool_schemas(offered)
         # What the model was shown, beside what it saw of the history: its agent version and tools.
@@ -178,9 +193,10 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | Non
             lease_token=lease.token, provider=run.provider, model_call=run.model_calls,
             endpoint=endpoint.name if endpoint is not None else None,
         ) as current:
-            result = _stream(provider=provider, request=request, run=run, step=step, heartbeat=heartbeat)
+            result = _ask(route=route, request=request, run=run, step=step, heartbeat=heartbeat, retrying=retrying)
             span_set(current, finish_reason=result.finish_reason, input_tokens=result.input_tokens,
-                     output_tokens=result.output_tokens, tool_calls=len(result.calls), aborted=result.aborted or None)
+                     output_tokens=result.output_tokens, tool_calls=len(result.calls), aborted=result.aborted or None,
+                     answered_by=result.endpoint or None, model=result.model or None)
     except _StreamBroken as broken:
         if isinstance(broken.error, PermanentModelError):
             _step_close(step=step, lease=lease, status=StepStatus.FAILED, reason=f"model error: {broken.error}",
@@ -199,17 +215,21 @@ def model_turn(*, cp: Checkpoint, lease: Lease, heartbeat: RunBeat) -> str | Non
     return _commit_turn(run=run, lease=lease, step=step, result=result, manifest=built.manifest, cp=cp)
 
 
-def _context(*, run: Run, lease: Lease, provider, instructions: str | None,
+def _context(*, run: Run, lease: Lease, route: Route, instructions: str | None,
              cached: CachedContext | None = None) -> BuiltContext:
-    """The context for the next call: the one this worker built last, extended by its own
-    commits since, while the whole history still fits (`cached`); else read and built. Summarizing
-    an outgrown history is itself a model call: when it fails, the turn takes the same way as a
-    broken stream (a transient error backs off and is asked again, a permanent one fails the
-    run), never the loop's internal error."""
-    if cached is not None and cached.session_id == run.session_id:
+    """The context for the next call, for the window of the run's models (engine/model_route.py):
+    the one this worker built last, extended by its own commits since, while the whole history
+    still fits that window (`cached`); else read and built. Summarizing an outgrown history is
+    itself a model call: when it fails, the turn takes the same way as a broken stream (a transient
+    error backs off and is asked again, a permanent one fails the run), never the loop's internal
+    error."""
+    window = route.window_tokens(output_limit=output_token_limit(run))
+    if (cached is not None and cached.session_id == run.session_id
+            and cached.manifest.get("window_tokens") == (window or settings.WARDEN_CONTEXT_TOKENS)):
         return context_from_cache(cached)
     try:
-        built = context_build(session_id=run.session_id, provider=provider, instructions=instructions)
+        built = context_build(session_id=run.session_id, provider=route.summarizer(), instructions=instructions,
+                              window_tokens=window)
     except (TransientModelError, PermanentModelError) as error:
         raise _StreamBroken(error, StreamResult()) from error
     if built.summary_tokens:
@@ -250,6 +270,34 @@ def _rejected(*, cp: Checkpoint, lease: Lease, step: Step, result: StreamResult,
     if rejections >= 2:
         return _wait_before_asking_again(run=run, lease=lease, retries=rejections - 1, why=f"rejected output: {problem}")
     return None
+
+
+def _ask(*, route: Route, request: ModelRequest, run: Run, step: Step, heartbeat: RunBeat, retrying: bool) -> StreamResult:
+    """The call, to the run's endpoint or — by the fallback rule (engine/model_route.py) — on to its
+    fallback, in this step; the result says which answered. _StreamBroken when it did not."""
+    try:
+        return _answered(_stream(provider=route.provider, request=request, run=run, step=step, heartbeat=heartbeat),
+                         route, PRIMARY)
+    except _StreamBroken as broken:
+        _answered(broken.result, route, PRIMARY)
+        if not route.falls_back(broken.error, delivered=broken.result.delivered, retrying=retrying):
+            raise
+        first = broken
+    logger.warning("model endpoint %s failed (%s); asking fallback %s", route.endpoint.name, first.error,
+                   route.fallback.name)
+    try:
+        return _answered(_stream(provider=route.fallback_provider, request=route.fallback_request(request), run=run,
+                                 step=step, heartbeat=heartbeat), route, FALLBACK)
+    except _StreamBroken as second:
+        raise _StreamBroken(route.both_failed(first.error, second.error),
+                            _answered(second.result, route, FALLBACK)) from second.error
+
+
+def _answered(result: StreamResult, route: Route, role: str) -> StreamResult:
+    """`result` with the record of the call `role` made (its endpoint, model and cost)."""
+    record = route.answered_by(role, input_tokens=result.input_tokens, output_tokens=result.output_tokens)
+    result.endpoint, result.model, result.cost = record["endpoint"], record["model"], record["cost"]
+    return result
 
 
 def _stream(*, provider, request: ModelRequest, run: Run, step: Step, heartbeat: RunBeat) -> StreamResult:
@@ -370,7 +418,8 @@ def _step_close(*, step: Step, lease: Lease, status: str, reason: str = "", resu
         if result is not None and result.tokens and run is not None:
             run_write(run_id=run.id, changes={"tokens_used": run.tokens_used + result.tokens}, lease_token=lease.token)
             run.tokens_used += result.tokens
-        step_transition(step=step, to=status, lease_token=lease.token, discard_reason=reason[:300])
+        step_transition(step=step, to=status, lease_token=lease.token, discard_reason=reason[:300],
+                        **(result.answered_by() if result is not None else {}))
 
 
 def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError, result: StreamResult) -> str:
@@ -386,7 +435,7 @@ def _backoff(*, run: Run, lease: Lease, step: Step, error: TransientModelError, 
         run=run, lease=lease, retries=retries, why=str(error), status_code=error.status, retry_after=error.retry_after,
         changes={"model_retries": retries, "tokens_used": run.tokens_used + result.tokens},
         failed_step=(step, {"discard_reason": f"transient: {error}"[:300], "input_tokens": result.input_tokens,
-                            "output_tokens": result.output_tokens}),
+                            "output_tokens": result.output_tokens, **result.answered_by()}),
     )
 
 
@@ -430,7 +479,7 @@ def _commit_turn(*, run: Run, lease: Lease, step: Step, result: StreamResult, ma
         step_transition(
             step=step, to=StepStatus.COMPLETED, lease_token=lease.token,
             input_tokens=result.input_tokens, output_tokens=result.output_tokens, finish_reason=result.finish_reason,
-            context_manifest=manifest, streamed_text=result.text,
+            context_manifest=manifest, streamed_text=result.text, **result.answered_by(),
         )
         assistant, step_completed = _turn_record(run=run, step=step, result=result, calls=calls)
         messages_append(session_id=run.session_id, messages=[assistant])

@@ -14,10 +14,12 @@ from config.errors import WardenError
 from runs_app.models import ModelEndpoint
 
 # The definition's fields as an AgentVersion stores them.
-VERSION_FIELDS = ("name", "instructions", "provider", "model", "provider_options", "tools", "budgets", "budget_limits",
+VERSION_FIELDS = ("name", "instructions", "provider", "model", "fallback_model", "provider_options", "tools", "budgets", "budget_limits",
                   "approval_rules", "interjection_classifier", "write_caps", "limits")
-# The model endpoint, named in a definition and pointed at by a version (AgentVersion.endpoint).
+# The model endpoint, named in a definition and pointed at by a version (AgentVersion.endpoint), and
+# the one its calls fall back to (AgentVersion.fallback_endpoint).
 ENDPOINT_FIELD = "endpoint"
+FALLBACK_FIELD = "fallback_endpoint"
 
 
 def agent_definition_of(version: AgentVersion | None) -> dict:
@@ -25,7 +27,8 @@ def agent_definition_of(version: AgentVersion | None) -> dict:
     if version is None:
         return {}
     return {"slug": version.agent.slug, **{field: getattr(version, field) for field in VERSION_FIELDS},
-            ENDPOINT_FIELD: version.endpoint.name if version.endpoint_id else ""}
+            ENDPOINT_FIELD: version.endpoint.name if version.endpoint_id else "",
+            FALLBACK_FIELD: version.fallback_endpoint.name if version.fallback_endpoint_id else ""}
 
 
 def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> AgentVersion:
@@ -38,12 +41,7 @@ def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> 
         definition = {**definition, "slug": agent.slug}
     clean = agent_definition_check(definition)
     with transaction.atomic():
-        endpoint = None
-        if clean[ENDPOINT_FIELD]:
-            # Under a share lock: an endpoint removed since the check is refused, never dropped.
-            endpoint = ModelEndpoint.objects.select_for_update(no_key=True).filter(name=clean[ENDPOINT_FIELD]).first()
-            if endpoint is None:
-                raise AgentDefinitionInvalid({ENDPOINT_FIELD: f"model endpoint {clean[ENDPOINT_FIELD]!r} no longer exists"})
+        endpoint, fallback = (_endpoint_locked(clean, field) for field in (ENDPOINT_FIELD, FALLBACK_FIELD))
         if agent is None:
             if Agent.objects.filter(slug=clean["slug"]).exists():
                 raise AgentDefinitionInvalid({"slug": f"an agent {clean['slug']!r} exists already"})
@@ -55,11 +53,25 @@ def agent_save(*, definition: dict, acting_user, agent: Agent | None = None) -> 
             before = {"version": agent.current_version.number if agent.current_version_id else None}
         number = (AgentVersion.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first() or 0) + 1
         version = AgentVersion.objects.create(agent=agent, number=number, created_by=acting_user, endpoint=endpoint,
+                                              fallback_endpoint=fallback,
                                               **{field: clean[field] for field in VERSION_FIELDS})
         agent.current_version = version
         agent.name = clean["name"]
         agent.save(update_fields=["current_version", "name", "updated_at"])
         audit_record(actor=acting_user, action="define_agent", obj=agent, before=before,
                      after={"version": number, "tools": clean["tools"], "provider": clean["provider"], "model": clean["model"],
-                            ENDPOINT_FIELD: clean[ENDPOINT_FIELD]})
+                            ENDPOINT_FIELD: clean[ENDPOINT_FIELD],
+                            **({FALLBACK_FIELD: clean[FALLBACK_FIELD], "fallback_model": clean["fallback_model"]}
+                               if clean[FALLBACK_FIELD] else {})})
     return version
+
+
+def _endpoint_locked(clean: dict, field: str) -> ModelEndpoint | None:
+    """The endpoint the definition names in `field`, under a share lock: an endpoint removed since the
+    check is refused, never dropped."""
+    if not clean[field]:
+        return None
+    endpoint = ModelEndpoint.objects.select_for_update(no_key=True).filter(name=clean[field]).first()
+    if endpoint is None:
+        raise AgentDefinitionInvalid({field: f"model endpoint {clean[field]!r} no longer exists"})
+    return endpoint

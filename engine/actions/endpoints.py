@@ -6,13 +6,14 @@ model call uses what this commits."""
 
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.db import transaction
 
 from access import policy as access
 from approvals_app.services import audit_record
 from config.errors import CommonRefusal, WardenError
 from config.secrets import secret_seal
-from runs_app.models import ModelEndpoint
+from runs_app.models import EndpointKind, ModelEndpoint
 
 CREDENTIAL_MAX_LENGTH = 4000
 
@@ -42,6 +43,19 @@ def endpoint_base_url_problem(base_url: str) -> str:
     return ""
 
 
+def endpoint_provider_problem(*, kind: str, provider: str) -> str:
+    """Why an endpoint of `kind` cannot name `provider`, or '': kind `custom` names one of the
+    deployment's WARDEN_PROVIDERS, every other kind has its own (runs_app.endpoints.ENDPOINT_PROVIDERS)."""
+    if kind != EndpointKind.CUSTOM:
+        return "only an endpoint of kind “a deployment's own provider” names its provider: leave it blank" if provider else ""
+    if not provider:
+        return "kind “a deployment's own provider” needs the name of that provider (a key of WARDEN_PROVIDERS)"
+    if provider not in settings.WARDEN_PROVIDERS:
+        return (f"no provider {provider!r} is configured; WARDEN_PROVIDERS has: "
+                f"{', '.join(sorted(settings.WARDEN_PROVIDERS))}")
+    return ""
+
+
 def endpoint_save(*, endpoint: ModelEndpoint, acting_user, changed: list[str] | tuple = (),
                   credential: str | None = None, credential_clear: bool = False) -> ModelEndpoint:
     """Create or change `endpoint` (its fields as the caller set them); `credential` replaces the
@@ -51,6 +65,9 @@ def endpoint_save(*, endpoint: ModelEndpoint, acting_user, changed: list[str] | 
     if problem := endpoint_base_url_problem(endpoint.base_url):
         raise WardenError(CommonRefusal.BAD_REQUEST, f"The base URL was refused, nothing was saved: {problem}.",
                           fields=[{"field": "base_url", "message": problem, "type": CommonRefusal.BAD_REQUEST.value}])
+    if problem := endpoint_provider_problem(kind=endpoint.kind, provider=endpoint.provider):
+        raise WardenError(CommonRefusal.BAD_REQUEST, f"The provider was refused, nothing was saved: {problem}.",
+                          fields=[{"field": "provider", "message": problem, "type": CommonRefusal.BAD_REQUEST.value}])
     if credential is not None:
         credential = credential.strip()
         problem = endpoint_credential_problem(credential)
@@ -69,6 +86,7 @@ def endpoint_save(*, endpoint: ModelEndpoint, acting_user, changed: list[str] | 
         endpoint.save()
         audit_record(actor=acting_user, action="define_model_endpoint", obj=endpoint, before={},
                      after={"name": endpoint.name, "kind": endpoint.kind, "base_url": endpoint.base_url,
+                            **({"provider": endpoint.provider} if endpoint.provider else {}),
                             "changed": sorted(set(changed) - {"new_credential", "credential_clear"}),
                             **({"credential": credential_change} if credential_change else {})},
                      note="created" if adding else "")

@@ -164,7 +164,8 @@ SELECT (SELECT "event_seq" FROM r), (SELECT "snapshot_version" FROM r), (SELECT 
 _MODEL_STEP_CLOSED = """, ms AS (
     UPDATE "runs_app_step" SET "status" = %(model_status)s, "finished_at" = %(model_finished_at)s,
         "input_tokens" = %(input_tokens)s, "output_tokens" = %(output_tokens)s, "finish_reason" = %(finish_reason)s,
-        "context_manifest" = %(doc)s->'manifest', "streamed_text" = %(text)s
+        "context_manifest" = %(doc)s->'manifest', "streamed_text" = %(text)s,
+        "endpoint" = %(answered_endpoint)s, "model" = %(answered_model)s, "cost" = %(answered_cost)s
     FROM r WHERE "runs_app_step"."id" = %(model_step)s AND "runs_app_step"."status" = 'running'
         AND "runs_app_step"."lease_token" = %(token)s
     RETURNING "runs_app_step"."id"
@@ -460,13 +461,15 @@ def _model_step_values(step: Step, result, manifest: dict, now) -> dict:
     return step_transition_values(
         step=step, to=StepStatus.COMPLETED, input_tokens=result.input_tokens, output_tokens=result.output_tokens,
         finish_reason=result.finish_reason, context_manifest=manifest, streamed_text=result.text, finished_at=now,
+        **result.answered_by(),
     )
 
 
 def _model_step_params(step: Step, values: dict, result) -> dict:
     return {"model_step": step.pk, "model_status": values["status"], "model_finished_at": values["finished_at"],
             "input_tokens": result.input_tokens, "output_tokens": result.output_tokens,
-            "finish_reason": result.finish_reason, "text": result.text}
+            "finish_reason": result.finish_reason, "text": result.text, "answered_endpoint": values["endpoint"],
+            "answered_model": values["model"], "answered_cost": values["cost"]}
 
 
 def _run_params(changes: dict) -> dict:

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from config import rows
 from notifications.outbox import notifications_for_events
-from runs_app.endpoints import ENDPOINT_OPTION
+from runs_app.endpoints import ENDPOINT_OPTION, FALLBACK_ENDPOINT_OPTION, FALLBACK_MODEL_OPTION
 from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
 from runs_app.models import RUNNING_PHASES, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason
@@ -353,10 +353,15 @@ def run_create(
         provider = provider or agent_version.provider
         provider_options = {**(agent_version.provider_options or {}),
                             **({"model": agent_version.model} if agent_version.model else {}), **(provider_options or {})}
-    # Which model endpoint a run calls is its agent version's alone, never a request's option.
-    provider_options = {k: v for k, v in (provider_options or {}).items() if k != ENDPOINT_OPTION}
+    # Which model endpoints a run calls — its own and its fallback — is its agent version's alone,
+    # never a request's option.
+    routed = (ENDPOINT_OPTION, FALLBACK_ENDPOINT_OPTION, FALLBACK_MODEL_OPTION)
+    provider_options = {k: v for k, v in (provider_options or {}).items() if k not in routed}
     if agent_version is not None and agent_version.endpoint_id is not None:
         provider_options[ENDPOINT_OPTION] = agent_version.endpoint_id
+        if agent_version.fallback_endpoint_id is not None:
+            provider_options[FALLBACK_ENDPOINT_OPTION] = agent_version.fallback_endpoint_id
+            provider_options[FALLBACK_MODEL_OPTION] = agent_version.fallback_model
     budgets = budgets or {}
     now = timezone.now()
     deadline = budgets.get("deadline")

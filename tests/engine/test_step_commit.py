@@ -184,11 +184,11 @@ def test_input_that_arrives_during_a_model_call_is_not_forgotten(demo_world, mon
     """Input queued while the model streams makes that turn's commit take the general path; the
     reads after it go one-statement again, and must not mark the input as seen: the next model
     call's safe point still applies it (a fresh read is not a look at the pending input)."""
-    import engine.model_step as model_step
+    import engine.model_route as model_route
 
     user = UserFactory()
     run = start("please run noop 3", user=user)
-    real_get_provider = model_step.get_provider
+    real_get_provider = model_route.get_provider
     calls = []
 
     class Interjecting:
@@ -205,7 +205,7 @@ def test_input_that_arrives_during_a_model_call_is_not_forgotten(demo_world, mon
                              mode=InputMode.SUPPLEMENT, acting_user=user)
             yield from self._provider.stream(request)
 
-    monkeypatch.setattr(model_step, "get_provider", lambda name, **kwargs: Interjecting(real_get_provider(name, **kwargs)))
+    monkeypatch.setattr(model_route, "get_provider", lambda name, **kwargs: Interjecting(real_get_provider(name, **kwargs)))
     run, _ = drive(run)
     assert run.status == RunStatus.COMPLETED
     supplement = Message.objects.get(session_id=run.session_id, content="also, be brief")

@@ -222,3 +222,22 @@ def procs(transactional_db, layer_for_this_process, shared_servers, request):
     group.base_env.pop("REDIS_URL", None)
     yield group
     group.stop_all()
+
+
+
+@pytest.fixture(scope="module")
+def mock_llm_process():
+    """LLMock (tests/support/llmock.py), one process for a module's tests. (`llmock` and
+    `llmock_server` are the names LLMock's own pytest plugin gives its in-process fixtures.)"""
+    from tests.support.llmock import LLMock
+
+    server = LLMock().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mock_llm(mock_llm_process):
+    """The module's LLMock, with no queued behaviour and an empty journal."""
+    mock_llm_process.reset()
+    return mock_llm_process
