@@ -1,5 +1,5 @@
-"""Issue 32's native providers through real django-q2 workers, for each new kind of model endpoint
-(OpenAI Responses, Anthropic Messages) against LLMock (a third-party mock of both APIs, one process
+"""Issue 32's providers through real django-q2 workers, for each kind of model endpoint (OpenAI-
+compatible Chat Completions, OpenAI Responses, Anthropic Messages) against LLMock (a third-party mock of both APIs, one process
 for the module: tests/support/llmock.py), with the demo world's simulated payment service and a
 sweeper (it wakes runs whose retry backoff is over).
 
@@ -33,9 +33,10 @@ REFUND_9541 = {"order_id": "9541", "amount": "4.50", "reason": "damaged"}  # the
 CASES = ("refund", "cut", "length", "ratelimit", "down", "garbled")
 
 # Where LLMock's `disconnect` lands inside the refund call's arguments: after the call opened and its
-# first fragment (Responses: created, in_progress, output_item.added, one delta; Anthropic:
+# first fragment (Chat Completions: the role chunk, the one opening the call, one arguments delta; Responses: created, in_progress, output_item.added, one delta; Anthropic:
 # message_start, content_block_start, one input_json_delta).
 KINDS = {
+    EndpointKind.CHAT_COMPLETIONS: {"base_url": "openai_base_url", "provider": "openai", "cut_at": 3},
     EndpointKind.RESPONSES: {"base_url": "openai_base_url", "provider": "openai-responses", "cut_at": 4},
     EndpointKind.ANTHROPIC_MESSAGES: {"base_url": "anthropic_base_url", "provider": "anthropic", "cut_at": 3},
 }
