@@ -1,8 +1,13 @@
 """Asking for a worker. The queue only delivers (PITFALLS.md, django-q2): duplicate or lost
 deliveries are harmless because a run's lease, not the queue, decides who works on it."""
 
+import logging
+
 from django.db import transaction
+from django_q.brokers import get_broker
 from django_q.tasks import async_task
+
+logger = logging.getLogger("warden.engine")
 
 # The task entry points (engine/tasks.py), by the dotted path django-q2 stores in its rows.
 ADVANCE_RUN_TASK = "engine.tasks.advance_run"
@@ -18,3 +23,12 @@ def run_enqueue(run_id) -> None:
     """Ask a worker to drive the run, after the current transaction commits (a worker must
     never look for a run that is not committed yet)."""
     transaction.on_commit(lambda: run_enqueue_now(run_id))
+
+
+def tasks_waiting() -> int | None:
+    """Tasks the broker holds that no cluster has taken yet; None when the broker cannot say."""
+    try:
+        return get_broker().queue_size()
+    except Exception:  # noqa: BLE001 - a broker that cannot count is asked nothing more of
+        logger.warning("the task broker could not count its waiting tasks", exc_info=True)
+        return None

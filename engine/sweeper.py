@@ -18,7 +18,7 @@ from engine.actions.approvals import approval_expire, approval_expiry_warn
 from engine.actions.messages import input_wait_expire
 from engine.actions.reconciliation import tool_call_reconcile_auto
 from engine.actions.runs import run_end, run_resume
-from engine.queue import run_enqueue, run_enqueue_now
+from engine.queue import run_enqueue, run_enqueue_now, tasks_waiting
 from engine.state import lease_revoke_expired, run_row_lock
 from operations import liveness
 from operations.models import OpenStream
@@ -156,9 +156,20 @@ def _purge_counters(now) -> int:
 
 def _reenqueue_stale(now) -> int:
     """Tasks are delivered at least zero times if a process dies between commit and enqueue;
-    duplicates are harmless (the lease decides), so re-enqueue queued runs nobody took."""
+    duplicates are harmless (the lease decides), so re-enqueue queued runs nobody took.
+
+    Not while the broker still holds as many untaken tasks as there are queued runs: then the runs
+    wait for workers, not for a lost task, and every sweep of an overloaded fleet added a task per
+    waiting run to the queue it waited in (the chaos soak saw thousands). A run whose task was lost
+    is asked for again once the queue holds fewer tasks than queued runs — it drains as workers free."""
     stale_after = timedelta(seconds=max(5.0, 2 * settings.WARDEN_SWEEP_SECONDS))
     run_ids = list(Run.objects.filter(status=RunStatus.QUEUED, updated_at__lt=now - stale_after).values_list("pk", flat=True)[:BATCH])
+    if not run_ids:
+        return 0
+    waiting = tasks_waiting()
+    if waiting is not None and waiting >= Run.objects.filter(status=RunStatus.QUEUED).count():
+        liveness.count("sweeper:requeue-deferred", len(run_ids))
+        return 0
     for run_id in run_ids:
         run_enqueue_now(run_id)
         Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(updated_at=timezone.now())
