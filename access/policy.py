@@ -16,6 +16,8 @@ from being staff:
   tools_app.reconcile_toolcall    see and resolve tool calls whose outcome is unknown, never in one's
                                   own session
   agents.change_agent             define agents and give them new versions (admin and API)
+  approvals_app.export_ledger     export the tamper-evident ledger (GET /ledger): every session's
+                                  decisions and write outcomes
 
 Four eyes (WARDEN_FOUR_EYES, on by default) applies to every human decision an operator makes:
 nobody approves, or records the outcome of, a write they are a party to (SPEC §18) — one requested
@@ -48,6 +50,7 @@ MANAGE_AGENTS = "agents.change_agent"
 MANAGE_MODEL_ENDPOINTS = "runs_app.change_modelendpoint"
 VIEW_MODEL_ENDPOINTS = "runs_app.view_modelendpoint"
 FREEZE_MONEY = "approvals_app.freeze_money"
+EXPORT_LEDGER = "approvals_app.export_ledger"
 
 
 def runs_by_owner(user) -> bool:
@@ -328,6 +331,12 @@ def can_see_tool_call(*, user, tool_call: ToolCall) -> bool:
 def can_freeze(*, user) -> bool:
     """May freeze and unfreeze an agent's, a tool's or a customer's money movement (SPEC §18)."""
     return is_active(user) and user.has_perm(FREEZE_MONEY)
+
+
+def can_export_ledger(*, user) -> bool:
+    """May read the whole tamper-evident ledger (docs/LEDGER.md): every decision and write outcome
+    of every session — an auditor's or a SIEM's key, not a customer's."""
+    return is_active(user) and user.has_perm(EXPORT_LEDGER)
 
 
 def can_reconcile(*, user) -> bool:

@@ -61,6 +61,18 @@ def agent_versions_of(*, slug: str):
     return AgentVersion.objects.filter(agent__slug=slug).values("pk")
 
 
+def endpoint_agents() -> dict[int, list[str]]:
+    """Each model endpoint's id → the slugs of the agents whose current version calls it, as their
+    endpoint or their fallback (one query, for a list of endpoints)."""
+    agents: dict[int, list[str]] = {}
+    for slug, *endpoint_ids in (Agent.objects.filter(current_version__isnull=False).order_by("slug")
+                                .values_list("slug", "current_version__endpoint_id", "current_version__fallback_endpoint_id")):
+        for endpoint_id in dict.fromkeys(endpoint_ids):
+            if endpoint_id is not None:
+                agents.setdefault(endpoint_id, []).append(slug)
+    return agents
+
+
 def endpoint_models_in_use(*, endpoint_id) -> dict[str, list[str]]:
     """The models of a model endpoint that agents' current versions name — as their own or as their
     fallback — with those agents' slugs: what the endpoint must keep offering."""

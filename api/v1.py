@@ -17,7 +17,7 @@ from ninja import NinjaAPI
 from ninja.renderers import BaseRenderer
 from pydantic_core import to_json
 
-from api import agents, approvals, events, freezes, me, runs, sessions, tool_calls
+from api import agents, approvals, endpoints, events, freezes, ledger, me, runs, sessions, tool_calls
 from api.base import API_AUTH
 from api.errors import ApiRefusal, errors_handled
 from api.idempotency import idempotent
@@ -39,7 +39,10 @@ decide operator approvals), `tools_app.reconcile_toolcall` (see and resolve unkn
 eyes: neither decision is yours to make in your own session. A message's `budgets` are capped by the
 deployment (403 `budget_over_cap` names the cap) unless you have `runs_app.exceed_budget_caps`.
 `runs_app.follow_all_events` opens `GET /events` and `/events/stream`: every run you may see, in
-one stream. Whatever you may not see answers 404.
+one stream. `runs_app.view_modelendpoint` reads the model endpoints and `runs_app.change_modelendpoint`
+defines them (403 without); an endpoint's credential is write-only: no answer carries it.
+`approvals_app.export_ledger` exports the tamper-evident ledger (`GET /ledger`, 403 without). Whatever
+else you may not see answers 404.
 
 **Events.** A run's events page and stream by their `seq`; a session's, and every run's, in commit
 order by a cursor (`<digits>_<digits>`): send the last one back as `Last-Event-ID` or `?after=` and
@@ -154,7 +157,7 @@ api = WardenAPI(
     renderer=JsonRenderer(),
 )
 for router in (me.router, sessions.router, runs.router, events.router, agents.router, tool_calls.router, approvals.router,
-               freezes.router):
+               freezes.router, endpoints.router, ledger.router):
     router.add_decorator(_query_parameters_declared, mode="view")
     router.add_decorator(_known_query_parameters_only, mode="operation")
 api.add_router("/me", me.router)
@@ -165,6 +168,8 @@ api.add_router("/agents", agents.router)
 api.add_router("/tool-calls", tool_calls.router)
 api.add_router("/approvals", approvals.router)
 api.add_router("/freezes", freezes.router)
+api.add_router("/model-endpoints", endpoints.router)
+api.add_router("/ledger", ledger.router)
 
 
 errors_handled(api)

@@ -187,3 +187,34 @@ class Freeze(models.Model):
     def __str__(self) -> str:
         state = "lifted" if self.lifted_at else self.mode
         return f"{self.scope} {self.target} ({state})"
+
+
+class LedgerEntry(models.Model):
+    """One link of the tamper-evident ledger (docs/LEDGER.md): a human decision or a money-moving
+    call's outcome, chained to the entry before it by `prev_hash`. Written only by the SQL function
+    `warden_ledger_append` (approvals_app.ledger.ledger_append), which numbers, stamps and hashes
+    it under one lock; the database refuses UPDATE and DELETE. No foreign keys: an entry outlives
+    the rows it names (erasure, retention)."""
+
+    seq = models.BigIntegerField(primary_key=True)
+    created_at = models.DateTimeField()
+    kind = models.CharField(max_length=40)
+    # The person's username, or "system" (the sweeper, the run-time); actor_id names the person
+    # even if the username changes later.
+    actor = models.CharField(max_length=150)
+    actor_id = models.IntegerField(null=True, blank=True)
+    # What it is about: "<type>:<id>" (approval:…, tool_call:…, freeze:…).
+    subject = models.CharField(max_length=100)
+    # Canonical JSON (sorted keys, no spaces): exactly the text that was hashed.
+    payload = models.TextField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["seq"]
+        verbose_name_plural = "ledger entries"
+        permissions = [("export_ledger", "Can export the tamper-evident ledger")]
+        indexes = [models.Index(fields=["created_at"], name="ledger_entry_created")]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.kind} {self.subject}"

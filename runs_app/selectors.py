@@ -1,6 +1,7 @@
 """Reads about runs: the filtered list and its event log, of the runs a caller may see (the access
-policy's queryset, given by the caller), and what ends a run's wait."""
+policy's queryset, given by the caller), what ends a run's wait, and the model endpoints."""
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -8,7 +9,9 @@ from django.db.models import BooleanField, F, IntegerField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
 from config.pagination import keyset_page
-from runs_app.models import DEADLINE_PAUSED_WAITS, RUNNING_PHASES, TERMINAL_STATUSES, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason
+from runs_app.models import (
+    DEADLINE_PAUSED_WAITS, RUNNING_PHASES, TERMINAL_STATUSES, ModelEndpoint, Run, RunEvent, RunPhase, RunStatus, Step, WaitReason,
+)
 
 # The list shows the run's state, not its checkpoint: narrower rows, faster pages.
 RUN_LIST_FIELDS = (
@@ -147,3 +150,18 @@ def run_event_poll(*, run_id, after_seq: int, limit: int) -> tuple[list[RunEvent
     events = run_event_list(run_id=run_id, after_seq=after_seq, limit=limit)
     reached = events[-1].seq if events else after_seq
     return events, status, status in TERMINAL_STATUSES and reached >= last_seq
+
+
+# A model endpoint's name as ModelEndpoint.name (a SlugField) allows it: anything else names none.
+ENDPOINT_NAME = re.compile(r"[-a-zA-Z0-9_]{1,64}")
+
+
+def endpoint_list() -> list[ModelEndpoint]:
+    """Every model endpoint, by name, with the models it offers (never opening a credential)."""
+    return list(ModelEndpoint.objects.prefetch_related("offered_models").order_by("name"))
+
+
+def endpoint_get(*, name: str) -> ModelEndpoint | None:
+    if not ENDPOINT_NAME.fullmatch(name or ""):
+        return None
+    return ModelEndpoint.objects.prefetch_related("offered_models").filter(name=name).first()

@@ -2,8 +2,10 @@
 may start or steer a run, is the orchestration layer's (engine/actions/messages.py)."""
 
 from django.db import connection
+from django.db.models import Subquery
 
 from config.errors import WardenError
+from runs_app.models import Run
 from sessions_app.errors import SessionRefusal
 from sessions_app.models import InputMode, Message, Session
 
@@ -62,3 +64,10 @@ def session_lock(*, session_id) -> None:
     deferred foreign-key checks, which FOR UPDATE would block — while this transaction waits
     for that one's run row: a deadlock (PITFALLS.md; issue 12, finding 3)."""
     Session.objects.select_for_update(no_key=True).filter(pk=session_id).values_list("pk").get()
+
+
+def session_lock_of_run(*, run_id) -> None:
+    """session_lock on the session of the run `run_id`, in one statement (for a caller that knows
+    only the run: the ledger's outcome of a write, approvals_app.ledger)."""
+    runs = Run.objects.filter(pk=run_id).values("session_id")
+    Session.objects.select_for_update(no_key=True).filter(pk=Subquery(runs)).values_list("pk").get()

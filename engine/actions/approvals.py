@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince, timeuntil
 
 from approvals_app.errors import ApprovalRefusal
+from approvals_app.ledger import ledger_approval_decision, ledger_approval_edit
 from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
 from approvals_app.services import (
     approval_approvers,
@@ -113,6 +114,8 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
             actor=acting_user, action=decision, obj=approval, run_id=approval.run_id,
             before={"status": ApprovalStatus.PENDING}, after=after, note=note,
         )
+        ledger_approval_decision(approval=approval, decision=decision, acting_user=acting_user, note=note, status=to,
+                                 approved_by=after.get("approved_by"))
         if to == ApprovalStatus.REJECTED:
             tool_call_close_for_decision(approval=approval)
         run_resume(run_id=approval.run_id, wait_reasons=[WaitReason.APPROVAL], event_payload={"approval": str(approval.id)})
@@ -177,6 +180,7 @@ def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_us
             current = Approval.objects.get(pk=approval.pk)
             raise WardenError(ApprovalRefusal.ALREADY_DECIDED, f"Already {current.status}: it can no longer be edited.")
         call = ToolCall.objects.select_for_update().get(pk=call.pk)
+        digest_before = tool_call_digest(call)
         before = {"arguments": call.arguments, "idempotency_key": call.idempotency_key, "policy": approval.policy,
                   "required_approvals": approval.required_approvals,
                   "approved_by": approval_approvers(approval=approval)}
@@ -212,6 +216,8 @@ def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_us
                  "required_approvals": approval.required_approvals, "approved_by": []}
         audit_record(actor=acting_user, action="edit", obj=approval, run_id=approval.run_id, before=before, after=after,
                      note=reason)
+        ledger_approval_edit(approval=approval, acting_user=acting_user, digest_before=digest_before, reason=reason,
+                             before=before, after=after, approvals_voided=before["approved_by"] if voided else [])
         run_event_append(run_id=approval.run_id, events=[
             tool_call_event(call),
             (RunEventType.APPROVAL_EDITED, {
@@ -230,6 +236,8 @@ def _quorum_progress(*, approval: Approval, acting_user, note: str, approved: in
                  before={"status": ApprovalStatus.PENDING, "approvals": approved - 1},
                  after={"status": ApprovalStatus.PENDING, "approvals": approved, "required": approval.required_approvals},
                  note=note)
+    ledger_approval_decision(approval=approval, decision="approve", acting_user=acting_user, note=note,
+                             status=ApprovalStatus.PENDING, approved_by=approval_approvers(approval=approval))
     run_event_append(run_id=approval.run_id, events=[(RunEventType.APPROVAL_PROGRESS, {
         **approval_event_payload(approval), "approver": acting_user.get_username(),
     })])

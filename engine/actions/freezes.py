@@ -11,6 +11,7 @@ from django.utils import timezone
 from access import policy as access
 from agents.models import Agent
 from approvals_app.errors import ApprovalRefusal
+from approvals_app.ledger import ledger_freeze
 from approvals_app.models import Freeze, FreezeMode, FreezeScope
 from approvals_app.services import audit_record
 from config.errors import WardenError
@@ -32,6 +33,7 @@ def freeze_set(*, scope: str, target: str, reason: str, acting_user, mode: str =
             freeze = Freeze.objects.create(scope=scope, target=target, mode=mode, reason=reason, created_by=acting_user)
             audit_record(actor=acting_user, action="freeze", obj=freeze, before={},
                          after={"scope": scope, "target": target, "mode": mode}, note=reason)
+            ledger_freeze(freeze=freeze, acting_user=acting_user, lifted=False)
     except IntegrityError:
         raise WardenError(ApprovalRefusal.FREEZE_EXISTS, f"The {scope} {target!r} is frozen already.") from None
     return freeze
@@ -49,6 +51,7 @@ def freeze_lift(*, freeze: Freeze, acting_user, note: str = "") -> Freeze:
         freeze.refresh_from_db()
         audit_record(actor=acting_user, action="unfreeze", obj=freeze, before={"scope": freeze.scope, "target": freeze.target},
                      after={"lifted": True}, note=note)
+        ledger_freeze(freeze=freeze, acting_user=acting_user, lifted=True)
         held = list(Run.objects.filter(status=RunStatus.WAITING, wait_reason=WaitReason.FROZEN).values_list("pk", flat=True))
     for run_id in held:
         run_resume(run_id=run_id, wait_reasons=[WaitReason.FROZEN], event_payload={"freeze": freeze.pk, "lifted": True})

@@ -48,7 +48,7 @@ from runs_app.events import RunEventType
 from runs_app.live import publish_events_on_commit
 from runs_app.models import Run, RunOutcome, RunPhase, RunStatus, Step, StepKind, StepStatus
 from sessions_app.models import Message
-from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.services import tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.engine")
@@ -257,6 +257,8 @@ def _reads_finished(*, cp, lease: Lease, outcomes: list) -> Carried | None:
         call = outcome.call
         if call.status != ToolCallStatus.RUNNING or call.lease_token != lease.token:
             return None
+        if call.effect != ToolEffect.READ:
+            return None  # a write's outcome goes on the ledger (approvals_app.ledger): the general path
         values = tool_call_transition_values(
             tool_call=call, to=outcome.status, lease_token=lease.token, result=outcome.result,
             error_code=outcome.error_code, error_detail=outcome.error_detail, attempts=outcome.attempts, finished_at=now,

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
+from approvals_app.ledger import ledger_tool_call_outcome
 from approvals_app.models import Approval
 from approvals_app.services import APPROVAL_OUTCOME_EVENTS, approval_event_payload, approval_transition
 from engine.state.runs import _run_update, require_transaction
@@ -114,12 +115,17 @@ def tool_call_transition(
     values = tool_call_transition_values(tool_call=tool_call, to=to, lease_token=lease_token, **changes)
     if not announce:
         require_transaction("tool_call_transition without announce")
+    was = tool_call.status
     with transaction.atomic(savepoint=announce):
         if not _lease_fenced_update(ToolCall.objects.filter(pk=tool_call.pk, status=tool_call.status),
                                     run_id=tool_call.run_id, lease_token=lease_token, values=values):
             return False
         for field, value in values.items():
             setattr(tool_call, field, value)
+        # A write's outcome (and its reconciliation, its reuse of an earlier call's) goes on the
+        # ledger in this transaction: every status change of a write passes here (fast.py takes
+        # reads only).
+        ledger_tool_call_outcome(tool_call=tool_call, was=was, acting_user=values.get("resolved_by"))
         if announce:
             _run_update(run_id=tool_call.run_id, events=[tool_call_event(tool_call)], lease_token=lease_token,
                         raise_on_miss=True)

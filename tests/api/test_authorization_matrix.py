@@ -15,10 +15,10 @@ from django_q.models import OrmQ
 
 from approvals_app.models import Approval, AuditEntry
 from api.v1 import api
-from runs_app.models import TERMINAL_STATUSES, Run, RunEvent
+from runs_app.models import TERMINAL_STATUSES, ModelEndpoint, Run, RunEvent
 from sessions_app.models import Message, PendingInput, Session
 from tests.support.api import OPERATOR_PERMISSIONS, Api, build_world, grant, revoked_key_api
-from tests.support.factories import ApiKeyFactory, UserFactory
+from tests.support.factories import ApiKeyFactory, ModelEndpointFactory, UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db
@@ -65,6 +65,13 @@ FREEZE_ENDPOINTS = {("GET", "/freezes"), ("POST", "/freezes"), ("POST", "/freeze
 # Streams that never end by themselves (a session's, every run's), and every run's events, which
 # need runs_app.follow_all_events: no caller of the matrix has it.
 FEED_ENDPOINTS = {("GET", "/sessions/{session_id}/events/stream"), ("GET", "/events"), ("GET", "/events/stream")}
+# The tamper-evident ledger: every session's decisions and write outcomes, for an auditor's key
+# (approvals_app.export_ledger), which no caller of the matrix has.
+LEDGER_ENDPOINTS = {("GET", "/ledger")}
+# Model endpoints: reading needs runs_app.view_modelendpoint, defining runs_app.change_modelendpoint (or,
+# to read, agents.change_agent); no caller of the matrix has any.
+MODEL_ENDPOINT_ENDPOINTS = {("GET", "/model-endpoints"), ("GET", "/model-endpoints/{name}"), ("POST", "/model-endpoints"),
+                            ("PATCH", "/model-endpoints/{name}")}
 
 BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
@@ -82,7 +89,7 @@ def test_the_matrix_covers_every_endpoint_of_the_api():
     schema = api.get_openapi_schema(path_prefix="")
     served = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
     assert served == (set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS | FREEZE_ENDPOINTS
-                      | FEED_ENDPOINTS)
+                      | FEED_ENDPOINTS | LEDGER_ENDPOINTS | MODEL_ENDPOINT_ENDPOINTS)
 
 
 @pytest.mark.parametrize("caller", CALLERS)
@@ -106,6 +113,16 @@ def test_many_runs_feeds_answer_as_the_session_detail_and_need_their_permission(
 
 
 @pytest.mark.parametrize("caller", CALLERS)
+def test_no_caller_without_the_export_permission_reads_the_ledger(caller):
+    scene = Scene()
+    approval = scene.world.user_approval
+    assert scene.callers["owner"].post(f"/approvals/{approval.pk}/decision", {"decision": "approve"}).status_code == 200
+    response = scene.callers[caller].get("/ledger")  # the decision is on the ledger now
+    assert response.status_code == (401 if caller in ("anonymous", "revoked_key") else 403), caller
+    assert response.json()["code"] and str(approval.pk) not in response.content.decode()
+
+
+@pytest.mark.parametrize("caller", CALLERS)
 @pytest.mark.parametrize(("method", "path"), sorted(FREEZE_ENDPOINTS))
 def test_no_caller_without_the_freeze_permission_reads_sets_or_lifts_a_freeze(caller, method, path):
     from approvals_app.models import Freeze
@@ -120,6 +137,23 @@ def test_no_caller_without_the_freeze_permission_reads_sets_or_lifts_a_freeze(ca
     response = api_client.get(url) if method == "GET" else api_client.post(url, body)
     assert response.status_code == (401 if caller in ("anonymous", "revoked_key") else 403), (caller, response.content)
     assert list(Freeze.objects.values_list("target", "lifted_at")) == [("alice", None)]
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize(("method", "path"), sorted(MODEL_ENDPOINT_ENDPOINTS))
+def test_no_caller_without_the_endpoint_permissions_reads_or_defines_a_model_endpoint(caller, method, path):
+    scene = Scene()
+    endpoint = ModelEndpointFactory(name="team-a", credential="sk-matrix-secret-0123456789")
+    before = list(ModelEndpoint.objects.values())
+    api_client = scene.callers[caller]
+    url = path.replace("{name}", "team-a")
+    body = {"name": "team-b", "base_url": "https://models.example.com/v1", "credential": "sk-other-secret-0123"}
+    response = {"GET": lambda: api_client.get(url), "POST": lambda: api_client.post(url, body),
+                "PATCH": lambda: api_client.patch(url, {"credential": "sk-other-secret-0123"})}[method]()
+    assert response.status_code == (401 if caller in ("anonymous", "revoked_key") else 403), (caller, response.content)
+    assert response.json()["code"] and "secret" not in response.content.decode()
+    assert endpoint.credential not in response.content.decode()
+    assert list(ModelEndpoint.objects.values()) == before
 
 
 class Scene:

@@ -64,9 +64,9 @@ def test_every_body_of_the_api_refuses_json_that_is_not_an_object(alice_api):
     for path, method in with_body:
         url = path.replace("{session_id}", nowhere).replace("{run_id}", nowhere).replace(
             "{approval_id}", nowhere).replace("{tool_call_id}", nowhere).replace("{slug}", "nowhere").replace(
-            "{freeze_id}", "999999")
-        assert method in ("post", "put") and "{" not in url, (method, path)
-        send = alice_api.client.post if method == "post" else alice_api.client.put
+            "{freeze_id}", "999999").replace("{name}", "nowhere")
+        assert method in ("post", "put", "patch") and "{" not in url, (method, path)
+        send = getattr(alice_api.client, method)
         for raw in NOT_OBJECTS[:-1] if path.endswith(("/cancel", "/retry", "/fork", "/lift")) else NOT_OBJECTS:  # their bodies are optional
             response = send(url, raw, content_type="application/json", **alice_api.headers)
             body = assert_error(response, 422, "validation_error")

@@ -61,6 +61,10 @@ class Api:
         data = "" if body is None else json.dumps(body)
         return self.client.post(f"/api/v1{path}", data, content_type="application/json", **self.headers, **headers)
 
+    def patch(self, path: str, body=None, **headers):
+        data = "" if body is None else json.dumps(body)
+        return self.client.patch(f"/api/v1{path}", data, content_type="application/json", **self.headers, **headers)
+
     def request(self, method: str, path: str, body=None):
         return self.get(path) if method == "GET" else self.post(path, body)
 

@@ -12,7 +12,8 @@ from django.contrib.auth.hashers import make_password
 from django.utils import timezone
 
 from agents.models import Agent, AgentVersion
-from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, AuditEntry, Freeze, FreezeScope
+from approvals_app.ledger import ledger_append
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, AuditEntry, Freeze, FreezeScope, LedgerEntry
 from demo.models import (
     ShopAccount, SimFault, SimFaultMode, SimFaultTarget, SimOrder, SimRefund, SimUserLevel, SimWebhookReceipt,
 )
@@ -132,6 +133,23 @@ class AuditEntryFactory(factory.django.DjangoModelFactory):
     action = "approve"
     object_type = "approval"
     object_id = factory.Sequence(lambda n: str(n))
+
+
+class LedgerEntryFactory(factory.django.DjangoModelFactory):
+    """An entry appended through the ledger's one write path (numbered, stamped and hashed by the
+    database), never inserted by hand."""
+
+    class Meta:
+        model = LedgerEntry
+
+    kind = "approval_approve"
+    actor = factory.SubFactory(UserFactory)
+    subject = factory.Sequence(lambda n: f"approval:{uuid.UUID(int=n)}")
+    payload = factory.LazyFunction(dict)
+
+    @classmethod
+    def _create(cls, model_class, *, kind, actor, subject, payload):
+        return model_class.objects.get(seq=ledger_append(kind=kind, actor=actor, subject=subject, payload=payload))
 
 
 class ApiKeyFactory(factory.django.DjangoModelFactory):
