@@ -30,3 +30,11 @@ DATABASES.setdefault("channels_postgres", {**DATABASES["default"], "TEST": {"MIR
 # which forgets what it cached about the previous test's (flushed) database.
 if os.environ.get("WARDEN_TEST_SHARED_SERVER"):
     ROOT_URLCONF = "tests.support.shared_server"
+
+# Password hashing is slow on purpose (PBKDF2, a million rounds: ~0.5 s a check here); the suite
+# creates users and logs in by password thousands of times, in-process and in the servers it starts
+# (they load these settings too). New hashes are MD5 in tests only; Django's hashers, the
+# deployment's, still verify any hash made with them.
+from django.conf import global_settings  # noqa: E402
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher", *global_settings.PASSWORD_HASHERS]
