@@ -154,13 +154,26 @@ def _beat_forever(*, role: str, cluster: str, stop: threading.Event) -> None:
                 close_old_connections()  # this thread's connection: reused, health-checked (CONN_HEALTH_CHECKS)
                 heartbeat_write(role=role, cluster=cluster)
                 if connection.settings_dict.get("OPTIONS", {}).get("pool"):
-                    connection.close()  # back to the pool its process's runs share
+                    _connection_close()  # back to the pool its process's runs share
             except Exception:  # noqa: BLE001 - the database is away: /readyz says so; beat again later
                 logger.warning("%s heartbeat failed", role, exc_info=True)
-                connection.close()
+                _connection_close()
             stop.wait(settings.WARDEN_WORKER_HEARTBEAT_SECONDS)
     finally:
-        connection.close()
+        _connection_close()
+
+
+def _connection_close() -> None:
+    """Close this thread's connection, or give it back to its pool. A worker process switches its
+    default alias to a pool on its first run (engine/executor.py), after this thread opened a plain
+    connection: Django then takes that one for a pooled one and fails to give it back (its pool is
+    missing), which ended the thread with the exception. Such a connection is closed as what it is."""
+    raw = connection.connection
+    if raw is not None and connection.settings_dict.get("OPTIONS", {}).get("pool") and getattr(raw, "_pool", None) is None:
+        connection.connection = None
+        raw.close()
+        return
+    connection.close()
 
 
 def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
