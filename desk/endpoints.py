@@ -9,8 +9,8 @@ from django.contrib import admin, messages
 from access import policy as access
 from agents.selectors import endpoint_models_in_use
 from desk.base import ReadOnlyAdmin
-from engine.actions.endpoints import (endpoint_base_url_problem, endpoint_credential_problem, endpoint_provider_problem,
-                                     endpoint_save)
+from engine.actions.endpoints import (MODEL_FIELDS, endpoint_base_url_problem, endpoint_credential_problem,
+                                     endpoint_provider_problem, endpoint_save)
 from runs_app.models import EndpointModel, ModelEndpoint
 
 
@@ -131,10 +131,22 @@ class ModelEndpointAdmin(admin.ModelAdmin):
         return False  # agent versions (and so runs) point at it for good
 
     def save_model(self, request, obj, form, change):
+        """Saved with its models in save_related: one call of endpoint_save, one audit entry."""
+
+    def save_related(self, request, form, formsets, change):
+        """The endpoint and the models its inline lists, saved by endpoint_save in one transaction
+        and audited together (a repriced or dropped model is a change an auditor asks about); the
+        inline's rows are never written by the admin itself."""
+        obj = form.instance
         had = bool(obj.pk) and ModelEndpoint.objects.filter(pk=obj.pk).exclude(credential="").exists()
-        endpoint_save(endpoint=obj, acting_user=request.user, changed=form.changed_data,
+        models, changed = None, list(form.changed_data)
+        for formset in formsets:
+            formset.save(commit=False)  # what the change message lists; writes nothing
+            if formset.model is EndpointModel and formset.has_changed():
+                models, changed = _offered_after(obj, formset), [*changed, "models"]
+        endpoint_save(endpoint=obj, acting_user=request.user, changed=changed,
                       credential=form.cleaned_data.get("new_credential") or None,
-                      credential_clear=bool(form.cleaned_data.get("credential_clear")))
+                      credential_clear=bool(form.cleaned_data.get("credential_clear")), models=models)
         if form.cleaned_data.get("new_credential"):
             messages.info(request, f"Credential {'rotated' if had else 'set'}: the next model call uses it.")
 
@@ -159,3 +171,23 @@ class EndpointModelAdmin(ReadOnlyAdmin):
 
     def has_view_permission(self, request, obj=None):
         return access.can_see_model_endpoints(user=request.user)
+
+
+def _offered_after(endpoint: ModelEndpoint, formset) -> list[dict]:
+    """The models the endpoint offers once the inline is applied, as Django's formset would leave
+    them: the rows it does not list stay, a listed one is changed or deleted, a new one is added."""
+    offered = {row.pk: {field: getattr(row, field) for field in MODEL_FIELDS}
+               for row in (EndpointModel.objects.filter(endpoint=endpoint) if endpoint.pk else [])}
+    added = []
+    for form in formset.forms:
+        pk = form.instance.pk
+        if form in formset.deleted_forms:
+            offered.pop(pk, None)
+        elif form.has_changed() and form.cleaned_data.get("name"):
+            values = {field: form.cleaned_data[field] for field in MODEL_FIELDS}
+            if pk in offered:
+                offered[pk] = values
+            else:
+                added.append(values)
+    return [*offered.values(), *added]
+

@@ -74,6 +74,21 @@ def test_the_credential_is_write_only_on_every_page(endpoint_admin):
     audit = list(AuditEntry.objects.filter(action="define_model_endpoint").order_by("id").values_list("after", flat=True))
     assert [a.get("credential") for a in audit] == ["set", None, "rotated", "removed"]
     assert not any(key in str(audit) for key in (FIRST_KEY, SECOND_KEY))
+    # The inline's rows are saved and audited with their endpoint: the other saves left the model be.
+    assert audit[0]["models"] == {"added": ["small-model"]}
+    assert list(EndpointModel.objects.filter(endpoint=endpoint).values_list("name", flat=True)) == ["small-model"]
+
+
+def test_a_repriced_model_is_audited_with_its_endpoint(endpoint_admin):
+    endpoint_admin.post("/admin/runs_app/modelendpoint/add/", _form())
+    endpoint = ModelEndpoint.objects.get(name="team-a")
+    offered = EndpointModel.objects.get(endpoint=endpoint)
+    repriced = _form(**{"offered_models-0-output_price_per_million": "0.90"}) | {
+        "offered_models-INITIAL_FORMS": "1", "offered_models-0-id": str(offered.pk), "offered_models-0-endpoint": str(endpoint.pk)}
+    assert endpoint_admin.post(f"/admin/runs_app/modelendpoint/{endpoint.pk}/change/", repriced).status_code == 302
+    assert str(EndpointModel.objects.get(pk=offered.pk).output_price_per_million) == "0.9000"
+    last = AuditEntry.objects.filter(action="define_model_endpoint").latest("id")
+    assert last.after["models"]["changed"] == ["small-model"] and "models" in last.after["changed"]
 
 
 def test_a_refused_credential_is_not_shown_back(endpoint_admin):
