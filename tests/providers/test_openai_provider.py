@@ -22,6 +22,7 @@ from runs_app.providers.base import (
 )
 from runs_app.providers.openai import OpenAIProvider
 from tests.support.fake_openai_server import FakeOpenAIServer, Outcome
+from tests.support.llmock import assembled_calls
 
 MESSAGES = [
     {"role": "system", "content": "You are a refund agent."},
@@ -52,17 +53,6 @@ def scripted_server():
 def stream(messages=MESSAGES, tools=(), **options) -> list:
     request = ModelRequest(messages=list(messages), tools=list(tools), run_id="run-1", options=options)
     return list(OpenAIProvider().stream(request))
-
-
-def assembled_calls(events) -> list[dict]:
-    calls: dict[int, dict] = {}
-    for event in events:
-        if isinstance(event, ToolCallDelta):
-            call = calls.setdefault(event.index, {"id": None, "name": None, "arguments": ""})
-            call["id"] = call["id"] or event.id
-            call["name"] = call["name"] or event.name
-            call["arguments"] += event.arguments
-    return [calls[index] for index in sorted(calls)]
 
 
 # --- mapping the stream -----------------------------------------------------------------------
