@@ -189,6 +189,8 @@ def model_endpoints_update(request, name: str, payload: EndpointPatch):
     _may_define(request)
     endpoint = _existing(name)
     given = payload.model_fields_set
+    if not given:
+        return _shown(endpoint)  # nothing asked, nothing saved: no audit entry of a change that is none
     for field in ENDPOINT_FIELDS:
         value = getattr(payload, field)
         # A field left out, or null where null means nothing (all but max_concurrency), stays.

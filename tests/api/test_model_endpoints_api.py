@@ -101,6 +101,10 @@ def test_a_rotated_key_is_what_the_next_call_reads_and_clearing_removes_it(defin
     assert cleared.status_code == 200 and cleared.json()["credential_set"] is False
     assert _stored() == "" and endpoint_read(endpoint.pk).credential == ""
 
+    # An empty change answers the endpoint as it stands and records nothing.
+    unchanged = definer_api.patch("/model-endpoints/team-a", {})
+    assert unchanged.status_code == 200 and unchanged.json()["credential_set"] is False
+
     audit = list(AuditEntry.objects.filter(action="define_model_endpoint").order_by("id"))
     assert [entry.after.get("credential") for entry in audit] == ["set", "rotated", None, "removed"]
     assert {entry.actor.username for entry in audit} == {"endpoint-definer"}
