@@ -33,6 +33,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.lookups import Exact
 
 from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
+from approvals_app.selectors import delegation_in_force, delegators_in_force
 from runs_app.models import Run, RunStatus
 from runs_app.selectors import run_session_owner
 from sessions_app.models import Session
@@ -213,8 +214,8 @@ def decidable_approvals(*, user) -> Q:
         # Never a quorum in one's own session, nor one the caller already approved.
         parties = mine | Q(run_id__in=_runs_caused_by(user)) | Q(editors__contains=[user.pk])
         operator &= ~parties if settings.WARDEN_FOUR_EYES else ~(quorum & parties)
-        operator &= ~(quorum & Q(pk__in=ApprovalDecision.objects.filter(decided_by_id=user.pk, voided_at__isnull=True)
-                                     .values("approval_id")))
+        operator &= ~(quorum & Q(pk__in=ApprovalDecision.objects.filter(
+            Q(decided_by_id=user.pk) | Q(on_behalf_of_id=user.pk), voided_at__isnull=True).values("approval_id")))
         decidable |= operator
     return Q(status=ApprovalStatus.PENDING) & decidable
 
@@ -248,16 +249,19 @@ def _runs_caused_by(user) -> set:
     return caused
 
 
-def why_not_a_decider(*, user, approval: Approval) -> str:
-    """'' when `user` is someone who may decide `approval` (whatever its status now); otherwise
-    the reason, in words for the desk."""
+def why_not_a_decider(*, user, approval: Approval, on_behalf_of=None) -> str:
+    """'' when `user` is someone who may decide `approval` (whatever its status now) — in their own
+    right, or with `on_behalf_of`, standing in for that person under an active delegation
+    (`_why_not_a_stand_in`); otherwise the reason, in words for the desk."""
+    if on_behalf_of is not None:
+        return _why_not_a_stand_in(user=user, approval=approval, principal=on_behalf_of)
     if not is_active(user):
         return "Sign in with an active account to decide."
     owner_id = approval.run.session.owner_id
     if approval.policy == ApprovalPolicy.USER:
         return "" if user.pk == owner_id else "Only the customer whose session this is can confirm it."
     if not user.has_perm(DECIDE_OPERATOR_APPROVALS):
-        return "Deciding needs the approvals_app.decide_approval permission."
+        return NO_DECIDE_PERMISSION
     # A quorum is of people other than the write's parties, whatever WARDEN_FOUR_EYES says.
     if settings.WARDEN_FOUR_EYES or approval.required_approvals > 1:
         if user.pk == owner_id:
@@ -269,14 +273,53 @@ def why_not_a_decider(*, user, approval: Approval) -> str:
     return ""
 
 
+NO_DECIDE_PERMISSION = "Deciding needs the approvals_app.decide_approval permission."
 ALREADY_APPROVED = "You have already approved this request; it needs another operator's approval."
 EDITOR_REFUSAL = "Four eyes: you edited this request, so you are a party to this write and may not decide it."
 
 
+def _why_not_a_stand_in(*, user, approval: Approval, principal) -> str:
+    """'' when `user` may decide `approval` in `principal`'s name: a delegation from `principal` to
+    `user` is in force now, `principal` may decide it, and `user` is no party to it either —
+    delegation never lets anyone decide their own session's write, whatever WARDEN_FOUR_EYES says,
+    and a person counts once in a quorum whether they decided or someone decided for them."""
+    if not is_active(user):
+        return "Sign in with an active account to decide."
+    name = principal.get_username()
+    if not delegation_in_force(delegator_id=principal.pk, delegate_id=user.pk):
+        return f"You do not stand in for {name} now: no delegation from them to you is in force."
+    if approval.policy == ApprovalPolicy.USER:
+        return "A customer's confirmation is theirs alone: nobody confirms it in their name."
+    if user.pk == approval.run.session.owner_id:
+        return f"Standing in for {name} does not let you decide a request raised in your own session."
+    if how := party_to(user=user, run=approval.run, approval=approval):
+        return f"Standing in for {name} does not change that {how}: you are a party to this write."
+    if has_approved(user=user, approval=approval) or has_approved(user=principal, approval=approval):
+        return (f"{name} has already approved this request, in person or through a stand-in; they count once."
+                if has_approved(user=principal, approval=approval) else ALREADY_APPROVED)
+    if not is_active(principal):
+        return f"{name}'s account is inactive: nobody decides in their name."
+    if refusal := why_not_a_decider(user=principal, approval=approval):
+        return f"{name} may not decide it, so neither may their stand-in: {refusal}"
+    return ""
+
+
+def stand_in_for(*, user, approval: Approval):
+    """Whom `user` may decide `approval` for when they may not in their own right for want of the
+    permission only: the first delegator (earliest delegation) whose stand-in they may be; None."""
+    if why_not_a_decider(user=user, approval=approval) != NO_DECIDE_PERMISSION:
+        return None
+    for principal in delegators_in_force(delegate_id=user.pk):
+        if _why_not_a_stand_in(user=user, approval=approval, principal=principal) == "":
+            return principal
+    return None
+
+
 def has_approved(*, user, approval: Approval) -> bool:
-    """Whether `user` is one of a quorum approval's approvers already (a refusal that is a
-    conflict — their decision is in — not a lack of permission)."""
-    return approval.required_approvals > 1 and approval.decisions.filter(decided_by_id=user.pk, voided_at__isnull=True).exists()
+    """Whether `user` is one of a quorum approval's approvers already — in person or through a
+    stand-in (a refusal that is a conflict — their decision is in — not a lack of permission)."""
+    return approval.required_approvals > 1 and approval.decisions.filter(
+        Q(decided_by_id=user.pk) | Q(on_behalf_of_id=user.pk), voided_at__isnull=True).exists()
 
 
 def why_not_an_editor(*, user, approval: Approval) -> str:

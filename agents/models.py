@@ -65,6 +65,9 @@ class AgentVersion(models.Model):
     # Cumulative limits per write tool: {"<tool>": [{"window": "24h", "per": "customer", "max_amount": "30.00",
     # "over": "operator"}, …]} (agents.limits).
     limits = models.JSONField(default=dict, blank=True)
+    # Service levels of its approval requests, per tier (agents.service_levels; docs/NOTIFICATIONS.md):
+    # {"operator": {"notify": "<group>", "remind_after": "10m", "escalate_after": "30m", "escalate_to": "<group>"}}.
+    approval_service_levels = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )

@@ -14,6 +14,9 @@ class ApprovalRefusal(Refusal):
     # finding 11; the API's schema says what any call accepts).
     INVALID_EDIT = "invalid_edit", 409
     TOOL_CHANGE_REFUSED = "tool_change_refused", 409  # an edit may change the arguments, never the tool
+    # A notification's decision link that may not carry this decision: used, expired, sent to someone
+    # else, or for the call as it was before an edit (approvals_app.links).
+    LINK_UNUSABLE = "link_unusable", 409
     FREEZE_EXISTS = "freeze_exists", 409
     FREEZE_LIFTED = "freeze_lifted", 409
     INVALID_FREEZE = "invalid_freeze", 422

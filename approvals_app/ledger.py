@@ -84,8 +84,9 @@ def ledger_append(*, kind: str, actor, subject: str, payload: dict) -> int:
 
 
 def ledger_approval_decision(*, approval: Approval, decision: str, acting_user, note: str, status: str,
-                             approved_by: list[str] | None = None) -> int:
-    """One person's approve or reject, bound to the digest of the call they decided on."""
+                             approved_by: list[str] | None = None, on_behalf_of=None) -> int:
+    """One person's approve or reject, bound to the digest of the call they decided on — and, for a
+    stand-in's, whom they stood in for (both names are the decision's)."""
     payload = {
         "approval": str(approval.pk), "tool_call": str(approval.tool_call_id), "run": str(approval.run_id),
         "tool": approval.tool_call.tool_name, "decision": decision, "status": status,
@@ -94,6 +95,9 @@ def ledger_approval_decision(*, approval: Approval, decision: str, acting_user, 
     }
     if approved_by is not None:
         payload["approved_by"] = approved_by
+    if on_behalf_of is not None:
+        payload["on_behalf_of"] = on_behalf_of.get_username()
+        payload["on_behalf_of_id"] = on_behalf_of.pk
     kind = LedgerKind.APPROVAL_APPROVE if decision == "approve" else LedgerKind.APPROVAL_REJECT
     return ledger_append(kind=kind, actor=acting_user, subject=f"approval:{approval.pk}", payload=payload)
 

@@ -49,6 +49,12 @@ class Approval(models.Model):
     # Who edited the request's arguments before it was decided (engine.actions.approvals.approval_edit):
     # parties to the write, who may not decide it (SPEC §18). User ids, in order.
     editors = ArrayField(models.IntegerField(), default=list, blank=True)
+    # Service levels (docs/NOTIFICATIONS.md): when the deciders were first told, reminded, and when
+    # the request was escalated to the agent's second group (its name), by the sweeper.
+    notified_at = models.DateTimeField(null=True, blank=True)
+    reminded_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    escalated_to = models.CharField(max_length=150, blank=True)
 
     class Meta:
         ordering = ["requested_at"]
@@ -102,6 +108,10 @@ class ApprovalDecision(models.Model):
     # When an operator's edit of the call voided this approval (SPEC §18): it no longer counts
     # towards the quorum, and the person may approve the edited call afresh.
     voided_at = models.DateTimeField(null=True, blank=True)
+    # Who the decider stood in for (an out-of-office delegation, `Delegation`): both names are the
+    # decision's, and neither may count again in the same quorum.
+    on_behalf_of = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                     related_name="+")
 
     class Meta:
         ordering = ["approval", "decided_at", "id"]
@@ -218,3 +228,66 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.kind} {self.subject}"
+
+
+class LinkStage(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    REMINDER = "reminder", "Reminder"
+    ESCALATION = "escalation", "Escalation"
+
+
+class ApprovalLink(models.Model):
+    """A signed, single-use, expiring link to decide one approval, sent to one decider in a
+    notification (docs/NOTIFICATIONS.md): bound to the approval, the decider (and whom they stand in
+    for) and the digest of the call as it was put to them. Following it shows the decision page once
+    the decider signs in; only a POST decides, asking the same access policy as the desk, and spends
+    the link in the decision's transaction. Written by approvals_app.links."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    approval = models.ForeignKey(Approval, on_delete=models.PROTECT, related_name="links")
+    decider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    on_behalf_of = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                     related_name="+")
+    digest = models.CharField(max_length=64)
+    stage = models.CharField(max_length=12, choices=LinkStage.choices, default=LinkStage.REQUESTED)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(stage__in=LinkStage.values), name="approval_link_stage_valid"),
+            models.CheckConstraint(condition=~Q(on_behalf_of=models.F("decider")), name="approval_link_not_own_delegate"),
+        ]
+
+    def __str__(self) -> str:
+        return f"link {self.id} for {self.decider_id} ({'used' if self.used_at else 'open'})"
+
+
+class Delegation(models.Model):
+    """An out-of-office delegation: from `starts_at` to `ends_at` the delegate may decide what the
+    delegator may, in the delegator's name and their own (both recorded), and receives the delegator's
+    approval notifications. Never their own session's, never twice in one quorum (access.policy).
+    Set and revoked through engine.actions.delegations, audited."""
+
+    id = models.BigAutoField(primary_key=True)
+    delegator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="delegations_given")
+    delegate = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="delegations_held")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    reason = models.CharField(max_length=300, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(delegate=models.F("delegator")), name="delegation_not_to_oneself"),
+            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="delegation_ends_after_start"),
+        ]
+        indexes = [models.Index(fields=["delegate", "ends_at"], name="delegation_held")]
+
+    def __str__(self) -> str:
+        return f"{self.delegator_id} → {self.delegate_id}"

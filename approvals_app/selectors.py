@@ -8,7 +8,7 @@ from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalStatus, AuditEntry, Freeze, FreezeScope
+from approvals_app.models import Approval, ApprovalStatus, AuditEntry, Delegation, Freeze, FreezeScope
 from config.pagination import keyset_page
 from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunOutcome, RunStatus, WaitReason
 from sessions_app.models import Message
@@ -256,3 +256,26 @@ def freeze_active(*, tool_name: str, agent_slug: str, customer_username: str) ->
 
 def freezes_in_force() -> list[Freeze]:
     return list(Freeze.objects.filter(lifted_at__isnull=True).select_related("created_by").order_by("-created_at"))
+
+
+def delegations_in_force(*, at: datetime | None = None) -> QuerySet[Delegation]:
+    """Delegations in force at `at` (now): begun, not ended, not revoked."""
+    at = at or timezone.now()
+    return Delegation.objects.filter(starts_at__lte=at, ends_at__gt=at, revoked_at__isnull=True)
+
+
+def delegation_in_force(*, delegator_id, delegate_id, at: datetime | None = None) -> bool:
+    return delegations_in_force(at=at).filter(delegator_id=delegator_id, delegate_id=delegate_id).exists()
+
+
+def delegators_in_force(*, delegate_id, at: datetime | None = None) -> list:
+    """The people `delegate_id` stands in for now, earliest delegation first."""
+    return [d.delegator for d in delegations_in_force(at=at).filter(delegate_id=delegate_id)
+            .select_related("delegator").order_by("starts_at", "id")]
+
+
+def delegate_in_force(*, delegator_id, at: datetime | None = None):
+    """Who stands in for `delegator_id` now (the latest delegation in force), or None."""
+    delegation = (delegations_in_force(at=at).filter(delegator_id=delegator_id).select_related("delegate")
+                  .order_by("-starts_at", "-id").first())
+    return delegation.delegate if delegation else None

@@ -41,18 +41,22 @@ def approval_event_payload(approval: Approval) -> dict:
 
 
 def approval_approvers(*, approval: Approval) -> list[str]:
-    """Who has approved so far, in order (a quorum approval collects several)."""
+    """Who has approved so far, in order (a quorum approval collects several); a stand-in's approval
+    reads "bob for alice"."""
     if approval._state.adding:
         return []
-    return list(ApprovalDecision.objects.filter(approval_id=approval.pk, decision="approve", voided_at__isnull=True)
-                .order_by("id").values_list("decided_by__username", flat=True))
+    rows = (ApprovalDecision.objects.filter(approval_id=approval.pk, decision="approve", voided_at__isnull=True)
+            .order_by("id").values_list("decided_by__username", "on_behalf_of__username"))
+    return [f"{who} for {principal}" if principal else who for who, principal in rows]
 
 
-def approval_decision_record(*, approval: Approval, decided_by, decision: str, note: str) -> ApprovalDecision:
+def approval_decision_record(*, approval: Approval, decided_by, decision: str, note: str,
+                             on_behalf_of=None) -> ApprovalDecision:
     """One person's decision (in the caller's transaction, which holds the session's lock), bound to
-    the digest of the call it was about: the database refuses a second one by the same person."""
+    the digest of the call it was about — with whom they stood in for, if anyone: the database
+    refuses a second one by the same person."""
     return ApprovalDecision.objects.create(approval=approval, decided_by=decided_by, decision=decision, note=note,
-                                           digest=tool_call_digest(approval.tool_call))
+                                           digest=tool_call_digest(approval.tool_call), on_behalf_of=on_behalf_of)
 
 
 def audit_record(*, actor, action: str, obj=None, object_type: str = "", object_id: str = "", run_id=None,

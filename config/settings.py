@@ -344,6 +344,9 @@ WARDEN_WRITES_PER_TURN = _env_int("WARDEN_WRITES_PER_TURN", 1)
 WARDEN_WRITES_PER_RUN = _env_int("WARDEN_WRITES_PER_RUN", 5)
 # WARDEN_APPROVAL_TTL_SECONDS: how long an approval request stays open; default 86400 (a day).
 WARDEN_APPROVAL_TTL_SECONDS = _env_int("WARDEN_APPROVAL_TTL_SECONDS", 86_400)
+# WARDEN_APPROVAL_LINK_TTL_SECONDS: how long a decision link in a notification stays usable (never
+# past its request's expiry); default 86400 (a day). docs/NOTIFICATIONS.md.
+WARDEN_APPROVAL_LINK_TTL_SECONDS = _env_int("WARDEN_APPROVAL_LINK_TTL_SECONDS", 86_400)
 # WARDEN_CONTEXT_TOKENS: token window of the model context built from history, for runs whose model has no
 # context window of its own (an endpoint's models do: engine/model_route.py); default 8000.
 WARDEN_CONTEXT_TOKENS = _env_int("WARDEN_CONTEXT_TOKENS", 8000)

@@ -5,6 +5,7 @@ import base64
 import secrets
 import uuid
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
@@ -19,6 +20,16 @@ class NotificationKind(models.TextChoices):
     RECONCILIATION_NEEDED = "tool_call.needs_reconciliation", "A write needs a person to reconcile it"
     RUN_FAILED = "run.failed", "A run failed"
     RUN_COMPLETED = "run.completed", "A run completed"
+    APPROVAL_ESCALATED = "approval.escalated", "An approval was escalated past its service level"
+
+
+class WebhookFormat(models.TextChoices):
+    """What a receiver reads: Warden's own signed JSON, or a chat's incoming webhook (a message with
+    the request and its action links, docs/NOTIFICATIONS.md)."""
+
+    STANDARD = "standard", "Standard Webhooks JSON"
+    SLACK = "slack", "Slack-compatible chat message"
+    TEAMS = "teams", "Microsoft Teams-compatible chat message"
 
 
 def webhook_secret_new() -> str:
@@ -36,6 +47,7 @@ class WebhookEndpoint(models.Model):
     secret = models.CharField(max_length=100, default=webhook_secret_new,
                               help_text="Standard Webhooks secret (whsec_…); receivers verify signatures with it.")
     kinds = ArrayField(models.CharField(max_length=40, choices=NotificationKind.choices), default=list, blank=True)
+    format = models.CharField(max_length=12, choices=WebhookFormat.choices, default=WebhookFormat.STANDARD)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -46,6 +58,7 @@ class WebhookEndpoint(models.Model):
         ordering = ["name", "id"]
         constraints = [
             models.CheckConstraint(condition=Q(secret__startswith="whsec_"), name="webhook_endpoint_secret_format"),
+            models.CheckConstraint(condition=Q(format__in=WebhookFormat.values), name="webhook_endpoint_format_valid"),
         ]
 
     def __str__(self) -> str:
@@ -123,3 +136,44 @@ class WebhookAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} ({self.status_code or self.error or 'in flight'})"
+
+
+class EmailDelivery(models.Model):
+    """The e-mail outbox (docs/NOTIFICATIONS.md): one message to one person, written in the
+    transaction that causes it (an approval requested, reminded, escalated), so nothing is sent for
+    what rolled back; sent through Django's e-mail backend by engine/mailer.py, claimed, retried with
+    backoff like a webhook delivery. The body holds a signed decision link: it is shown to nobody
+    but its recipient (the desk lists recipient, subject and status only)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=40, choices=NotificationKind.choices)
+    recipient = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    to = models.EmailField(max_length=254)
+    subject = models.CharField(max_length=200)
+    body = models.TextField()
+    run = models.ForeignKey("runs_app.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approval_id = models.UUIDField(null=True, blank=True)
+    status = models.CharField(max_length=12, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    claimed_by = models.CharField(max_length=160, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "e-mail deliveries"
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=DeliveryStatus.values), name="email_delivery_status_valid"),
+            models.CheckConstraint(condition=~Q(status=DeliveryStatus.DELIVERED) | Q(sent_at__isnull=False),
+                                   name="email_delivery_sent_has_time"),
+        ]
+        indexes = [
+            models.Index(fields=["next_attempt_at"], condition=Q(status="pending"), name="email_delivery_due"),
+            models.Index(fields=["approval_id"], name="email_delivery_approval"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} → {self.to} ({self.status})"

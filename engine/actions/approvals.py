@@ -7,13 +7,15 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from pydantic import ValidationError
 from django.utils import timezone
 from django.utils.timesince import timesince, timeuntil
 
 from approvals_app.errors import ApprovalRefusal
 from approvals_app.ledger import ledger_approval_decision, ledger_approval_edit
-from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus
+from approvals_app.links import why_link_unusable
+from approvals_app.models import Approval, ApprovalDecision, ApprovalLink, ApprovalPolicy, ApprovalStatus
 from approvals_app.services import (
     approval_approvers,
     approval_create,
@@ -60,12 +62,19 @@ def approval_request(*, run: Run, tool_call: ToolCall, policy: str, lease_token:
     return approval
 
 
-def approval_decide(*, approval: Approval, decision: str, note: str = "", acting_user, customer_message: str = "") -> Approval:
+def approval_decide(*, approval: Approval, decision: str, note: str = "", acting_user, customer_message: str = "",
+                    on_behalf_of=None, link: ApprovalLink | None = None) -> Approval:
     """Approve or reject. Exactly one decision is recorded even when many people click at once
     (a conditional UPDATE on `pending`); the others are refused (ApprovalRefusal.ALREADY_DECIDED) naming the winner.
     Audited. Approval resumes the same run; rejection cancels the tool call and tells the model
     so — in plain words, with `customer_message` if the decider gave one; the `note` is the
-    decider's own, for the desk and the audit trail, and the model never sees it."""
+    decider's own, for the desk and the audit trail, and the model never sees it.
+
+    `on_behalf_of`: the person `acting_user` stands in for (a delegation in force; both names are
+    recorded). Left out, a user who may not decide for want of the permission alone decides for the
+    first delegator they may stand in for (access.stand_in_for). `link`: the notification link the
+    decision came through (approvals_app.links): it must still be usable by `acting_user` for the
+    call as it stands, and is spent in the decision's transaction — a refused decision leaves it."""
     if decision not in ("approve", "reject"):
         raise WardenError(ApprovalRefusal.INVALID_DECISION, f"decision must be 'approve' or 'reject', not {decision!r}")
     customer_message = " ".join((customer_message or "").split())
@@ -73,10 +82,20 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         raise WardenError(ApprovalRefusal.INVALID_DECISION,
                           f"The message for the customer may hold at most {CUSTOMER_MESSAGE_CHARS} characters.")
     approval = Approval.objects.select_related("run__session", "tool_call").get(pk=approval.pk)
-    refusal = access.why_not_a_decider(user=acting_user, approval=approval)
+    if link is not None:
+        if link.approval_id != approval.pk:
+            raise WardenError(ApprovalRefusal.LINK_UNUSABLE, "This link is for another request.")
+        if why := why_link_unusable(link=link, user=acting_user):
+            raise WardenError(ApprovalRefusal.LINK_UNUSABLE, why)
+        on_behalf_of = link.on_behalf_of
+    refusal = access.why_not_a_decider(user=acting_user, approval=approval, on_behalf_of=on_behalf_of)
+    if refusal and on_behalf_of is None and link is None and (
+            principal := access.stand_in_for(user=acting_user, approval=approval)):
+        on_behalf_of, refusal = principal, ""
     if refusal:
-        raise WardenError(ApprovalRefusal.ALREADY_DECIDED if access.has_approved(user=acting_user, approval=approval)
-                          else ApprovalRefusal.NOT_PERMITTED, refusal)
+        counted = access.has_approved(user=acting_user, approval=approval) or (
+            on_behalf_of is not None and access.has_approved(user=on_behalf_of, approval=approval))
+        raise WardenError(ApprovalRefusal.ALREADY_DECIDED if counted else ApprovalRefusal.NOT_PERMITTED, refusal)
     if approval.status == ApprovalStatus.PENDING and approval.expires_at <= timezone.now():
         # Past its expiry a request can no longer be approved, even if the sweeper has not
         # closed it yet: close it now and say so.
@@ -86,20 +105,32 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
     to = ApprovalStatus.APPROVED if decision == "approve" else ApprovalStatus.REJECTED
     with transaction.atomic():
         session_lock(session_id=approval.run.session_id)  # before the run's row: see session_lock
+        if link is not None:
+            # Spent here, once: under the session's lock an edit cannot slip between this check and the decision.
+            if not Approval.objects.filter(pk=approval.pk, digest=link.digest).exists():
+                raise WardenError(ApprovalRefusal.LINK_UNUSABLE, "The request changed after this link was sent "
+                                  "(an operator edited it): this link decides nothing.")
+            if not ApprovalLink.objects.filter(pk=link.pk, used_at__isnull=True).update(used_at=timezone.now()):
+                raise WardenError(ApprovalRefusal.LINK_UNUSABLE, "This link was already used: a link decides once.")
         # Under the session's lock every decision on this approval takes its turn: what is
-        # counted here is exact, so a quorum is reached once and executes once.
+        # counted here is exact, so a quorum is reached once and executes once — and a person
+        # counts once, whether they decided or someone stood in for them.
+        people = [acting_user.pk] + ([on_behalf_of.pk] if on_behalf_of is not None else [])
         if approval.required_approvals > 1 and approval.status == ApprovalStatus.PENDING:
-            if ApprovalDecision.objects.filter(approval_id=approval.pk, decided_by_id=acting_user.pk,
-                                               voided_at__isnull=True).exists():
+            if ApprovalDecision.objects.filter(Q(decided_by_id__in=people) | Q(on_behalf_of_id__in=people),
+                                               approval_id=approval.pk, voided_at__isnull=True).exists():
                 raise WardenError(ApprovalRefusal.ALREADY_DECIDED, access.ALREADY_APPROVED)
             if Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).exists():
-                approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
+                approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note,
+                                         on_behalf_of=on_behalf_of)
                 approved = len(approval_approvers(approval=approval))
                 if decision == "approve" and approved < approval.required_approvals:
-                    return _quorum_progress(approval=approval, acting_user=acting_user, note=note, approved=approved)
+                    return _quorum_progress(approval=approval, acting_user=acting_user, note=note, approved=approved,
+                                            on_behalf_of=on_behalf_of)
         elif approval.status == ApprovalStatus.PENDING and Approval.objects.filter(
                 pk=approval.pk, status=ApprovalStatus.PENDING).exists():
-            approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note)
+            approval_decision_record(approval=approval, decided_by=acting_user, decision=decision, note=note,
+                                     on_behalf_of=on_behalf_of)
         if approval.status != ApprovalStatus.PENDING or not approval_close(
             approval=approval, to=to, decided_by=acting_user, note=note, customer_message=customer_message,
         ):
@@ -110,12 +141,14 @@ def approval_decide(*, approval: Approval, decision: str, note: str = "", acting
         after = {"status": to} | ({"customer_message": customer_message} if customer_message else {})
         if approval.required_approvals > 1:
             after["approved_by"] = approval_approvers(approval=approval)
+        if on_behalf_of is not None:
+            after["on_behalf_of"] = on_behalf_of.get_username()
         audit_record(
             actor=acting_user, action=decision, obj=approval, run_id=approval.run_id,
             before={"status": ApprovalStatus.PENDING}, after=after, note=note,
         )
         ledger_approval_decision(approval=approval, decision=decision, acting_user=acting_user, note=note, status=to,
-                                 approved_by=after.get("approved_by"))
+                                 approved_by=after.get("approved_by"), on_behalf_of=on_behalf_of)
         if to == ApprovalStatus.REJECTED:
             tool_call_close_for_decision(approval=approval)
         run_resume(run_id=approval.run_id, wait_reasons=[WaitReason.APPROVAL], event_payload={"approval": str(approval.id)})
@@ -229,17 +262,20 @@ def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_us
     return approval
 
 
-def _quorum_progress(*, approval: Approval, acting_user, note: str, approved: int) -> Approval:
+def _quorum_progress(*, approval: Approval, acting_user, note: str, approved: int, on_behalf_of=None) -> Approval:
     """One more approval of a quorum that needs more: audited, announced on the run
     (`approval_progress`), and the request stays pending — nothing executes yet."""
+    after = {"status": ApprovalStatus.PENDING, "approvals": approved, "required": approval.required_approvals}
+    if on_behalf_of is not None:
+        after["on_behalf_of"] = on_behalf_of.get_username()
     audit_record(actor=acting_user, action="approve", obj=approval, run_id=approval.run_id,
-                 before={"status": ApprovalStatus.PENDING, "approvals": approved - 1},
-                 after={"status": ApprovalStatus.PENDING, "approvals": approved, "required": approval.required_approvals},
-                 note=note)
+                 before={"status": ApprovalStatus.PENDING, "approvals": approved - 1}, after=after, note=note)
     ledger_approval_decision(approval=approval, decision="approve", acting_user=acting_user, note=note,
-                             status=ApprovalStatus.PENDING, approved_by=approval_approvers(approval=approval))
+                             status=ApprovalStatus.PENDING, approved_by=approval_approvers(approval=approval),
+                             on_behalf_of=on_behalf_of)
+    approver = acting_user.get_username() + (f" for {on_behalf_of.get_username()}" if on_behalf_of is not None else "")
     run_event_append(run_id=approval.run_id, events=[(RunEventType.APPROVAL_PROGRESS, {
-        **approval_event_payload(approval), "approver": acting_user.get_username(),
+        **approval_event_payload(approval), "approver": approver,
     })])
     return approval
 
