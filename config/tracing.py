@@ -119,6 +119,27 @@ def span(name: str, **attributes):
         yield current
 
 
+def span_record(name: str, *, start, end, events=(), **attributes) -> None:
+    """A finished span for something that happened across processes and time — a human decision,
+    requested by a worker, decided hours later through the desk — recorded once it is over, with its
+    real start and end (datetimes) and its milestones as span events (`(name, datetime)`; None
+    moments are left out). Nothing stays open in between. A no-op when tracing is off."""
+    if not _state["enabled"]:
+        return
+    current = _tracer.start_span(name, start_time=_nanoseconds(start))
+    for key, value in attributes.items():
+        if value is not None:
+            current.set_attribute(f"warden.{key}", value if isinstance(value, (bool, int, float)) else str(value))
+    for event, moment in events:
+        if moment is not None:
+            current.add_event(event, timestamp=_nanoseconds(moment))
+    current.end(end_time=_nanoseconds(end))
+
+
+def _nanoseconds(moment) -> int:
+    return int(moment.timestamp() * 1_000_000_000)
+
+
 def span_set(current, **attributes) -> None:
     """Add attributes to a span `span()` returned (None when tracing is off)."""
     if current is None:

@@ -16,6 +16,7 @@ from django.utils import timezone
 from approvals_app.ledger import ledger_tool_call_outcome
 from approvals_app.models import Approval
 from approvals_app.services import APPROVAL_OUTCOME_EVENTS, approval_event_payload, approval_transition
+from config.tracing import span_record
 from engine.state.runs import _run_update, require_transaction
 from runs_app.events import RunEventType
 from runs_app.models import Run, Step, StepStatus
@@ -189,4 +190,20 @@ def approval_close(*, approval: Approval, to: str, decided_by, note: str, lease_
             return False
         _run_update(run_id=approval.run_id, events=[(APPROVAL_OUTCOME_EVENTS[to], approval_event_payload(approval))],
                     lease_token=lease_token, raise_on_miss=True)
+        transaction.on_commit(lambda: _approval_span(approval))
     return True
+
+
+def _approval_span(approval: Approval) -> None:
+    """The human decision's span (docs/OPERATIONS.md, "Traces"): from the request to its outcome,
+    with the tier, the wait, and when the deciders were notified, reminded and escalated to."""
+    requested, decided = approval.requested_at, approval.decided_at or timezone.now()
+    span_record(
+        "approval.decision", start=requested, end=decided,
+        events=[("requested", requested), ("notified", approval.notified_at), ("reminded", approval.reminded_at),
+                ("escalated", approval.escalated_at), (str(approval.status), decided)],
+        approval=approval.pk, run_id=approval.run_id, tool_call=approval.tool_call_id, tier=approval.policy,
+        required_approvals=approval.required_approvals, outcome=approval.status,
+        decided_by=approval.decided_by.get_username() if approval.decided_by_id else None,
+        wait_seconds=round((decided - requested).total_seconds(), 3), escalated_to=approval.escalated_to or None,
+    )

@@ -5,16 +5,22 @@ token — exported here to an in-memory exporter. Logs: a real worker's lines ar
 run_id."""
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection
+from django.utils import timezone
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from approvals_app.models import Approval
 from config.tracing import tracing_reset, tracing_setup
+from engine.actions.approvals import approval_decide
 from engine.actions.messages import message_post
 from engine.loop import run_drive
 from runs_app.models import Run, RunStatus, Step
 from engine.actions.sessions import session_open
+from tests.support.api import build_world
 from tests.support.factories import UserFactory
 from tests.support.processes import LOG_DIR, wait_for
 from tools_app.models import ToolCall
@@ -106,3 +112,33 @@ def test_plain_text_logs_show_the_run_context_for_development():
         RunContextFilter().filter(record)
     formatter = logging.Formatter("%(levelname)s %(run_context)s%(message)s")
     assert formatter.format(record) == "INFO [run_id=r-1 lease_token=3] hello"
+
+
+def test_a_human_decision_has_a_span_from_request_to_outcome_with_tier_wait_and_milestones(db):
+    """Issue 31, point 5: the decision's span starts when the request was made and ends when it was
+    decided (real moments, not when the span was written), carries the tier and the wait, and marks
+    when the deciders were notified and when it was escalated."""
+    world = build_world(UserFactory())
+    approval = world.operator_approval
+    requested = timezone.now() - timedelta(minutes=40)
+    Approval.objects.filter(pk=approval.pk).update(
+        requested_at=requested, notified_at=requested + timedelta(seconds=1),
+        escalated_at=requested + timedelta(minutes=30), escalated_to="leads")
+    lead = UserFactory(username="lead-lee")
+    lead.user_permissions.add(Permission.objects.get(codename="decide_approval"))
+    exporter = InMemorySpanExporter()
+    tracing_setup(exporter=exporter)
+    try:
+        approval_decide(approval=approval, decision="reject", acting_user=lead, note="not this one")
+    finally:
+        tracing_reset()
+    (decision,) = [s for s in exporter.get_finished_spans() if s.name == "approval.decision"]
+    stored = Approval.objects.get(pk=approval.pk)
+    assert decision.start_time == int(requested.timestamp() * 1e9)
+    assert decision.end_time == int(stored.decided_at.timestamp() * 1e9)
+    attributes = decision.attributes
+    assert attributes["warden.tier"] == "operator" and attributes["warden.outcome"] == "rejected"
+    assert attributes["warden.decided_by"] == "lead-lee" and attributes["warden.escalated_to"] == "leads"
+    assert attributes["warden.run_id"] == str(world.operator_run.pk)
+    assert abs(attributes["warden.wait_seconds"] - (stored.decided_at - requested).total_seconds()) < 0.01
+    assert [event.name for event in decision.events] == ["requested", "notified", "escalated", "rejected"]
