@@ -22,6 +22,7 @@ from django.utils.text import slugify
 
 from agents.errors import AgentRefusal
 from agents.limits import limits_check, write_caps_check
+from agents.service_levels import service_levels_check
 from config.errors import WardenError
 from runs_app.endpoints import (ENDPOINT_OPTION, ENDPOINT_PROVIDERS, endpoint_get, endpoint_model_names, endpoint_names,
                                  endpoint_provider)
@@ -412,6 +413,7 @@ def agent_definition_check(definition: dict) -> dict:
         clean["approval_rules"] = rules
     clean["write_caps"] = write_caps_check(definition.get("write_caps"), errors)
     clean["limits"] = limits_check(definition.get("limits"), tools=clean.get("tools"), errors=errors)
+    clean["approval_service_levels"] = service_levels_check(definition.get("approval_service_levels"), errors)
     classifier = definition.get("interjection_classifier") or "model"
     if classifier not in CLASSIFIERS:
         errors["interjection_classifier"] = f"one of {', '.join(CLASSIFIERS)}"

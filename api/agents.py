@@ -37,6 +37,10 @@ class AgentVersionOut(Schema):
     limits: ShownJSON = Field(description='{"<write tool>": [{"window": "24h", "per": "customer|agent|<argument>", '
                                     '"max_amount": "30.00", "max_count": N, "currency": "EUR", '
                                     '"over": "operator|user|refuse", "approvers": N}, …]}')
+    approval_service_levels: ShownJSON = Field(description='{"operator": {"notify": "<group>", "remind_after": "10m", '
+                                                     '"escalate_after": "30m", "escalate_to": "<group>"}}: who is told '
+                                                     'of a request, when they are reminded and when it escalates '
+                                                     '(docs/NOTIFICATIONS.md)')
     created_by: str | None
     created_at: datetime
 
@@ -92,6 +96,7 @@ class AgentIn(BodyIn):
     interjection_classifier: str = Field("model", description="`model` or `keywords`")
     write_caps: StorableJSON = Field(default_factory=dict)
     limits: StorableJSON = Field(default_factory=dict)
+    approval_service_levels: StorableJSON = Field(default_factory=dict)
 
 
 def _visible_agent(request, slug: str):

@@ -170,7 +170,10 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
     winner. Approval resumes the run; rejection cancels the tool call and tells the model so, in
     plain words and with `customer_message` — never the `note`."""
     approval = _visible_approval(request, approval_id)
-    if refusal := access.why_not_a_decider(user=request.auth, approval=approval):
+    refusal = access.why_not_a_decider(user=request.auth, approval=approval)
+    # Without the permission in their own right, a stand-in decides in the name of whom they stand in for.
+    principal = access.stand_in_for(user=request.auth, approval=approval) if refusal else None
+    if refusal and principal is None:
         if access.has_approved(user=request.auth, approval=approval):
             # The caller's own approval of this quorum is in (perhaps from a request a moment ago): a conflict.
             raise WardenError(ApprovalRefusal.ALREADY_DECIDED, access.ALREADY_APPROVED)
@@ -181,7 +184,7 @@ def approvals_decide(request, approval_id: uuid.UUID, payload: DecisionIn):
         raise WardenError(ApprovalRefusal.EXPIRED, "This approval request has expired.")
     with session_turn(approval.run.session_id):
         approval_decide(approval=approval, decision=payload.decision, note=payload.note, acting_user=request.auth,
-                        customer_message=payload.customer_message)
+                        customer_message=payload.customer_message, on_behalf_of=principal)
     return _visible_approval(request, approval_id)
 
 

@@ -20,3 +20,11 @@ class ApprovalRefusal(Refusal):
     FREEZE_EXISTS = "freeze_exists", 409
     FREEZE_LIFTED = "freeze_lifted", 409
     INVALID_FREEZE = "invalid_freeze", 422
+    # An out-of-office delegation the run-time refuses to set (engine.actions.delegations): to nobody
+    # known, to oneself or an inactive account, ending before it starts, in the past or after too
+    # long, for a delegator who may not decide. A conflict with the people and the clock as they
+    # stand (409), as INVALID_EDIT: the API's schema says what any delegation accepts. Then one
+    # overlapping another of the same delegator, and one revoked or ended already.
+    INVALID_DELEGATION = "invalid_delegation", 409
+    DELEGATION_OVERLAPS = "delegation_overlaps", 409
+    DELEGATION_ENDED = "delegation_ended", 409

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import QuerySet, TextChoices
 
-from approvals_app.models import Approval, Freeze, LedgerEntry
+from approvals_app.models import Approval, Delegation, Freeze, LedgerEntry
 from sessions_app.services import session_lock_of_run
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.services import tool_call_digest
@@ -31,6 +31,8 @@ class LedgerKind(TextChoices):
     APPROVAL_EDIT = "approval_edit"  # the arguments changed before the decision, both digests
     FREEZE_SET = "freeze_set"
     FREEZE_LIFT = "freeze_lift"
+    DELEGATION_SET = "delegation_set"  # who may decide in whose name, and when
+    DELEGATION_REVOKE = "delegation_revoke"
     WRITE_OUTCOME = "write_outcome"  # a write call succeeded, failed, became unknown or was cancelled
     WRITE_RECONCILED = "write_reconciled"  # an unknown write settled, by the sweeper or an operator
     WRITE_REUSED = "write_reused"  # answered by an earlier call with its key, nothing sent
@@ -120,6 +122,18 @@ def ledger_freeze(*, freeze: Freeze, acting_user, lifted: bool) -> int:
     payload |= {"note": freeze.lift_note} if lifted else {"reason": freeze.reason}
     return ledger_append(kind=LedgerKind.FREEZE_LIFT if lifted else LedgerKind.FREEZE_SET, actor=acting_user,
                          subject=f"freeze:{freeze.pk}", payload=payload)
+
+
+def ledger_delegation(*, delegation: Delegation, acting_user, revoked: bool) -> int:
+    """A delegation set or revoked: a stand-in's decisions are only as good as the delegation they
+    were made under, so its period and both people are on the chain too."""
+    payload = {"delegation": delegation.pk, "delegator": delegation.delegator.get_username(),
+               "delegator_id": delegation.delegator_id, "delegate": delegation.delegate.get_username(),
+               "delegate_id": delegation.delegate_id, "starts_at": timestamp_text(delegation.starts_at),
+               "ends_at": timestamp_text(delegation.ends_at)}
+    payload |= {"revoked_at": timestamp_text(delegation.revoked_at)} if revoked else {"reason": delegation.reason}
+    return ledger_append(kind=LedgerKind.DELEGATION_REVOKE if revoked else LedgerKind.DELEGATION_SET, actor=acting_user,
+                         subject=f"delegation:{delegation.pk}", payload=payload)
 
 
 def ledger_tool_call_outcome(*, tool_call: ToolCall, was: str, acting_user=None) -> int | None:

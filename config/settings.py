@@ -563,3 +563,18 @@ WARDEN_WEBHOOK_RETRY_BASE_SECONDS = float(os.environ.get("WARDEN_WEBHOOK_RETRY_B
 # WARDEN_APPROVAL_WARNING_SECONDS: an `approval.expiring` notification goes out this long before
 # a pending approval expires; default 3600.
 WARDEN_APPROVAL_WARNING_SECONDS = float(os.environ.get("WARDEN_APPROVAL_WARNING_SECONDS", 3600))
+# WARDEN_APPROVAL_EMAIL: e-mail the people who may decide an operator approval when it is requested,
+# reminded or escalated, each with their own decision link (docs/NOTIFICATIONS.md); default off.
+WARDEN_APPROVAL_EMAIL = _env_bool("WARDEN_APPROVAL_EMAIL", False)
+# EMAIL_HOST / EMAIL_PORT: the SMTP server approval e-mails go through; default localhost:25.
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = _env_int("EMAIL_PORT", 25)
+# EMAIL_HOST_USER / EMAIL_HOST_PASSWORD: the SMTP login, if it wants one; default none.
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+# EMAIL_USE_TLS: STARTTLS on the SMTP connection; default off.
+EMAIL_USE_TLS = _env_bool("EMAIL_USE_TLS", False)
+# EMAIL_TIMEOUT: seconds one SMTP conversation may take before the attempt is retried; default 10.
+EMAIL_TIMEOUT = float(os.environ.get("EMAIL_TIMEOUT", 10))
+# DEFAULT_FROM_EMAIL: the sender of Warden's e-mails; default webmaster@localhost (Django's).
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "webmaster@localhost")

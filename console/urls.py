@@ -1,6 +1,6 @@
 from django.urls import path
 
-from console import views
+from console import decide, views
 
 app_name = "console"
 
@@ -15,5 +15,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/", views.console_run, name="run"),
     path("runs/<uuid:run_id>/cancel/", views.console_run_cancel_view, name="run_cancel"),
     path("approvals/<uuid:approval_id>/decide/", views.console_approval_decide_view, name="approval_decide"),
+    # The link a decision notification carries (approvals_app.links): the token is the signed link id.
+    path("decide/<str:token>/", decide.console_decide_view, name="decide"),
     path("assets/<path:path>", views.console_asset, name="asset"),
 ]

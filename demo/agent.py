@@ -28,3 +28,9 @@ DEMO_AGENT = {
     "budgets": {"max_model_calls": 20},
     "interjection_classifier": "model",
 }
+
+# The demo agent's service level (docs/NOTIFICATIONS.md), added by demo_setup (which creates the
+# "leads" group first; a group must exist when a definition names it): the deciders are reminded
+# after 10 minutes, and the leads told after 30.
+DEMO_LEADS_GROUP = "leads"
+DEMO_SERVICE_LEVELS = {"operator": {"remind_after": "10m", "escalate_after": "30m", "escalate_to": DEMO_LEADS_GROUP}}

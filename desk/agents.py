@@ -26,7 +26,8 @@ class AgentForm(forms.ModelForm):
     Checked as a whole by agents.definitions.agent_definition_check: a wrong field is named, and
     nothing is saved."""
 
-    JSON_FIELDS = ("provider_options", "budgets", "budget_limits", "approval_rules", "write_caps", "limits")
+    JSON_FIELDS = ("provider_options", "budgets", "budget_limits", "approval_rules", "write_caps", "limits",
+                   "approval_service_levels")
 
     instructions = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 90}),
                                    help_text="The system prompt the agent's model gets.")
@@ -59,6 +60,11 @@ class AgentForm(forms.ModelForm):
         'JSON per write tool: {"execute_refund": [{"window": "24h", "per": "customer", "max_amount": "30.00", '
         '"over": "operator"}, {"window": "1h", "per": "customer", "max_count": 5, "over": "refuse"}]} — per customer, '
         "per agent or per argument (a counterparty such as account); over a limit, the tier it names or a refusal.")
+    approval_service_levels = _json_field(
+        "Service levels",
+        'JSON per tier: {"operator": {"notify": "operators", "remind_after": "10m", "escalate_after": "30m", '
+        '"escalate_to": "leads"}} — whom to tell of a request (a group; left out: everyone who may decide), when to '
+        "remind them and when to tell a second group too. An escalation never decides anything (docs/NOTIFICATIONS.md).")
     interjection_classifier = forms.ChoiceField(choices=[("model", "the agent's model"), ("keywords", "keyword rules")],
                                                 initial="model")
 
@@ -125,7 +131,7 @@ class AgentAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "instructions", "endpoint", "provider", "model", "fallback_endpoint",
                            "fallback_model", "tools", "interjection_classifier")}),
-        ("Approval rules", {"fields": ("approval_rules",)}),
+        ("Approval rules", {"fields": ("approval_rules", "approval_service_levels")}),
         ("Limits on money", {"fields": ("write_caps", "limits")}),
         ("Budgets and provider options", {"fields": ("budgets", "budget_limits", "provider_options")}),
     )

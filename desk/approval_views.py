@@ -77,6 +77,10 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
     form = DecisionForm(request.POST or None, decision=decision)
     status = 200
     refusal = access.why_not_a_decider(user=request.user, approval=approval)
+    # Without the permission in their own right, a stand-in decides in the name of whom they stand in for.
+    principal = access.stand_in_for(user=request.user, approval=approval) if refusal else None
+    if principal is not None:
+        refusal = ""
     if refusal:
         # The action refuses too; this answers before anything is attempted.
         messages.error(request, f"You may not decide this approval: {refusal}")
@@ -84,7 +88,7 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
     elif request.method == "POST" and form.is_valid():
         try:
             approval_decide(approval=approval, decision=decision, note=form.cleaned_data["note"], acting_user=request.user,
-                            customer_message=form.cleaned_data.get("customer_message", ""))
+                            customer_message=form.cleaned_data.get("customer_message", ""), on_behalf_of=principal)
         except WardenError as error:
             if error.code is ApprovalRefusal.NOT_PERMITTED:
                 messages.error(request, error.message)
@@ -115,6 +119,7 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
         "form": form,
         "can_decide": status == 200 and approval.status == ApprovalStatus.PENDING,
         "refusal": refusal,
+        "standing_in": f"You decide for {principal.get_username()} (standing in)." if principal is not None else "",
         "arguments": model_admin.arguments_pretty(approval),
         "read_results": model_admin.read_results(approval),
         "rule": model_admin.rule_applied(approval),

@@ -40,6 +40,25 @@ class QueueStatusFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         value = self.value() or ApprovalStatus.PENDING
         return queryset if value == self.ALL else queryset.filter(status=value)
+
+
+class EscalatedFilter(admin.SimpleListFilter):
+    """Requests that outlived their agent's service level and were escalated to a second group."""
+
+    title = "escalated"
+    parameter_name = "escalated"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Escalated"), ("no", "Not escalated")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(escalated_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(escalated_at__isnull=True)
+        return queryset
+
+
 FOUR_EYES_SHORT = "Four eyes: raised in your own session — another operator decides."
 
 
@@ -75,10 +94,10 @@ def quorum_progress(approval: Approval) -> str:
 
 @admin.register(Approval)
 class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
-    list_display = ("amount", "order", "customer", "waiting", "expiry", "rule_applied", "status_badge")
+    list_display = ("amount", "order", "customer", "waiting", "expiry", "rule_applied", "status_badge", "escalation")
     list_display_links = ("order",)  # the column says what the request is about, whatever the tool
     list_select_related = ("run__session__owner", "tool_call", "decided_by")
-    list_filter = (QueueStatusFilter, "policy")
+    list_filter = (QueueStatusFilter, "policy", EscalatedFilter)
     search_help_text = "Order number or any tool argument, customer, session title, idempotency key, or an id."
     ordering = ("requested_at",)
     actions = ("approve_selected", "reject_selected")
@@ -87,6 +106,7 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     fieldsets = (
         ("Decision", {"fields": ("status", "expiry", "rule_applied", "policy", "requested_at", "expires_at", "decided_by", "decided_at",
                                  "note", "customer_message")}),
+        ("Service level", {"fields": ("notified_at", "reminded_at", "escalated_at", "escalated_to")}),
         ("What is asked", {"fields": ("tool", "arguments_pretty", "idempotency_key", "run_link", "session_link")}),
         ("Money over time", {"fields": ("limit_totals", "same_key_calls")}),
         ("What the run found (read tools)", {"fields": ("read_results",)}),
@@ -226,6 +246,14 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         if obj.required_approvals > 1 and obj.status == ApprovalStatus.PENDING:
             text += f" · {len(approval_approvers(approval=obj))} of {obj.required_approvals} approvals"
         return badge(text, f"approval-{obj.status}")
+
+    @admin.display(description="escalation", ordering="escalated_at")
+    def escalation(self, obj):
+        """ "escalated to leads 12 minutes ago": past its agent's service level, a second group was told
+        (docs/NOTIFICATIONS.md); nothing was decided by it."""
+        if obj.escalated_at is None:
+            return "—"
+        return badge(f"escalated to {obj.escalated_to} {age(obj.escalated_at)} ago", "approval-escalated")
 
     @admin.display(description="tool", ordering="tool_call__tool_name")
     def tool(self, obj):

@@ -1,13 +1,14 @@
 """Webhook endpoints (the receivers of notifications), the outbox's deliveries and their attempts
-(docs/OPERATIONS.md, "Webhooks")."""
+(docs/OPERATIONS.md, "Webhooks"), and the approval e-mails (docs/NOTIFICATIONS.md) — never their
+bodies, which hold their recipients' decision links."""
 
 from django import forms
 from django.contrib import admin, messages
 
 from desk.base import ReadOnlyAdmin, ReadOnlyInline
 from desk.display import pretty_json
-from notifications.models import NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from notifications.services import url_redacted, webhook_deliveries_retry_now
+from notifications.models import EmailDelivery, NotificationKind, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from notifications.services import email_deliveries_retry_now, url_redacted, webhook_deliveries_retry_now
 from notifications.targets import webhook_url_refusal
 
 
@@ -18,7 +19,7 @@ class WebhookEndpointForm(forms.ModelForm):
 
     class Meta:
         model = WebhookEndpoint
-        fields = ("name", "url", "kinds", "active", "secret")
+        fields = ("name", "url", "format", "kinds", "active", "secret")
 
     def clean_url(self):
         url = self.cleaned_data["url"]
@@ -30,8 +31,8 @@ class WebhookEndpointForm(forms.ModelForm):
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
     form = WebhookEndpointForm
-    list_display = ("name", "url_shown", "kinds_display", "active", "created_at")
-    list_filter = ("active",)
+    list_display = ("name", "url_shown", "format", "kinds_display", "active", "created_at")
+    list_filter = ("active", "format")
     readonly_fields = ("created_at", "updated_at")
 
     @admin.display(description="url", ordering="url")
@@ -80,3 +81,25 @@ class WebhookAttemptAdmin(ReadOnlyAdmin):
     list_display = ("delivery", "number", "deliverer", "started_at", "finished_at", "status_code", "error")
     list_select_related = ("delivery", "delivery__endpoint")
     search_fields = ("=delivery__id",)
+
+
+@admin.register(EmailDelivery)
+class EmailDeliveryAdmin(ReadOnlyAdmin):
+    """Approval e-mails: to whom, about what, and what became of them. The body is never shown — it
+    holds the recipient's decision link, which is theirs alone."""
+
+    list_display = ("id", "kind", "to", "subject", "status", "attempts", "next_attempt_at", "created_at", "sent_at")
+    list_filter = ("status", "kind")
+    search_fields = ("=id", "=run__id", "=approval_id", "to")
+    readonly_fields = ("id", "kind", "recipient", "to", "subject", "run", "approval_id", "status", "attempts",
+                       "next_attempt_at", "claimed_by", "claimed_until", "last_error", "created_at", "sent_at")
+    fields = readonly_fields
+    actions = ("retry_now",)
+
+    @admin.action(description="Attempt the selected e-mails again now", permissions=["view"])
+    def retry_now(self, request, queryset):
+        if not request.user.has_perm("notifications.change_emaildelivery"):
+            messages.error(request, "You may not retry e-mails (notifications.change_emaildelivery).")
+            return
+        count = email_deliveries_retry_now(deliveries=queryset)
+        messages.success(request, f"{count} e-mail{'' if count == 1 else 's'} will be attempted again at once.")

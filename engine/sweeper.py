@@ -1,5 +1,6 @@
 """The sweeper (SPEC §5): re-queues runs whose lease expired, wakes runs whose backoff
-elapsed, expires overdue approvals, reconciles unknown writes, fails runs past their deadline,
+elapsed, expires overdue approvals, reminds and escalates approvals past their agent's service
+level (never deciding them), reconciles unknown writes, fails runs past their deadline,
 and re-enqueues queued runs whose task may have been lost. Every action is a conditional
 write, so any number of sweepers may run at once."""
 
@@ -13,8 +14,9 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalStatus
-from engine.actions.approvals import approval_expire, approval_expiry_warn
+from agents.service_levels import escalate_after_of, remind_after_of, service_level_of
+from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus
+from engine.actions.approvals import approval_escalate, approval_expire, approval_expiry_warn, approval_remind
 from engine.actions.messages import input_wait_expire
 from engine.actions.reconciliation import tool_call_reconcile_auto
 from engine.actions.runs import run_end, run_resume
@@ -42,6 +44,7 @@ def sweep_once() -> dict:
         "approvals_expired": _expire_approvals(now),
         "questions_expired": _expire_questions(now),
         "approvals_warned": _warn_expiring_approvals(now),
+        **_service_levels(now),
         "waits_healed": _heal_waits(),
         "reconciled": _reconcile(now),
         "deadlines_failed": _fail_past_deadline(now),
@@ -89,6 +92,26 @@ def _warn_expiring_approvals(now) -> int:
     horizon = now + timedelta(seconds=settings.WARDEN_APPROVAL_WARNING_SECONDS)
     due = Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__gt=now, expires_at__lte=horizon).exclude(Exists(warned))
     return sum(approval_expiry_warn(approval=approval) for approval in due.order_by("expires_at")[:BATCH])
+
+
+def _service_levels(now) -> dict[str, int]:
+    """Pending operator approvals past their agent's service level (docs/NOTIFICATIONS.md): reminded
+    once at `remind_after`, escalated once at `escalate_after` (which takes the reminder's place
+    when both are due). Each is a conditional write, so two sweepers never do either twice; nothing
+    is ever approved here."""
+    counts = {"approvals_reminded": 0, "approvals_escalated": 0}
+    due = (Approval.objects.filter(status=ApprovalStatus.PENDING, policy=ApprovalPolicy.OPERATOR, escalated_at__isnull=True,
+                                   expires_at__gt=now, run__agent_version__approval_service_levels__has_key="operator")
+           .select_related("run__agent_version").order_by("requested_at"))
+    for approval in due[:BATCH]:
+        level = service_level_of(approval.run.agent_version, approval.policy)
+        escalate_after, remind_after = escalate_after_of(level), remind_after_of(level)
+        if escalate_after is not None and approval.requested_at + escalate_after <= now:
+            counts["approvals_escalated"] += approval_escalate(approval=approval, group=level["escalate_to"],
+                                                               after=level["escalate_after"])
+        elif remind_after is not None and approval.reminded_at is None and approval.requested_at + remind_after <= now:
+            counts["approvals_reminded"] += approval_remind(approval=approval)
+    return counts
 
 
 def _heal_waits() -> int:

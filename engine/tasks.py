@@ -7,6 +7,7 @@ from django.conf import settings
 
 from engine.executor import run_executor
 from engine.loop import run_drive
+from engine.mailer import mails_send_due
 from engine.sweeper import sweep_once
 from engine.webhooks import webhooks_deliver_due
 
@@ -26,12 +27,13 @@ def _in_q_worker() -> bool:
 
 def sweep() -> dict:
     """The schedule's sweep (every minute where no `sweep --loop` runs) also sends the webhook
-    deliveries that are due: retries wait for it there."""
+    deliveries and e-mails that are due: retries wait for it there."""
     counts = sweep_once()
     counts["webhooks_attempted"] = webhooks_deliver_due()
+    counts["emails_attempted"] = mails_send_due()
     return counts
 
 
 def deliver_webhooks() -> int:
-    """Asked for after each commit that wrote outbox rows (notifications.outbox)."""
-    return webhooks_deliver_due()
+    """Asked for after each commit that wrote outbox rows (notifications.outbox): webhooks and e-mails."""
+    return webhooks_deliver_due() + mails_send_due()

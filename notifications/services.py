@@ -1,6 +1,7 @@
 """The one write path of a webhook delivery's state: claimed by a deliverer, an attempt recorded,
 delivered, failed for good, or asked to go again at once (the desk). Delivery itself — the HTTP
-request, outside any transaction — is engine/webhooks.py."""
+request, outside any transaction — is engine/webhooks.py. An e-mail delivery's state goes the same
+way (`email_delivery_claim`, `email_attempt_record`); sending it is engine/mailer.py."""
 
 import random
 from urllib.parse import urlsplit, urlunsplit
@@ -11,7 +12,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from notifications.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
+from notifications.models import DeliveryStatus, EmailDelivery, WebhookAttempt, WebhookDelivery
 
 _CLAIM_SQL = """
 UPDATE "runs_app_webhookdelivery"
@@ -91,5 +92,59 @@ def webhook_attempt_record(*, delivery: WebhookDelivery, attempt: WebhookAttempt
 def webhook_deliveries_retry_now(*, deliveries: QuerySet[WebhookDelivery]) -> int:
     """Every one of `deliveries` not yet delivered is due again now (a failed one gets a new round
     of attempts). Returns how many."""
+    return deliveries.exclude(status=DeliveryStatus.DELIVERED).update(status=DeliveryStatus.PENDING,
+                                                                      next_attempt_at=timezone.now())
+
+
+_EMAIL_CLAIM_SQL = """
+UPDATE "notifications_emaildelivery"
+SET "claimed_by" = %s, "claimed_until" = now() + %s * interval '1 second', "attempts" = "attempts" + 1
+WHERE "id" = (
+    SELECT "id" FROM "notifications_emaildelivery"
+    WHERE "status" = 'pending' AND "next_attempt_at" <= now() AND ("claimed_until" IS NULL OR "claimed_until" < now())
+    ORDER BY "next_attempt_at" LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+RETURNING "id"
+"""
+
+
+def email_claim_seconds() -> float:
+    """How long an e-mail's claim outlives its attempt's start: an SMTP conversation cannot outlast it."""
+    return 2 * settings.EMAIL_TIMEOUT + 5 if settings.EMAIL_TIMEOUT else claim_seconds()
+
+
+def email_delivery_claim(*, deliverer: str) -> EmailDelivery | None:
+    """The next due e-mail, claimed by `deliverer` (its attempt counted) until the claim runs out —
+    committed before the message leaves. None when nothing is due or another sender holds what is."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_EMAIL_CLAIM_SQL, [deliverer, email_claim_seconds()])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return EmailDelivery.objects.get(pk=row[0])
+
+
+def email_attempt_record(*, delivery: EmailDelivery, deliverer: str, error: str) -> str:
+    """An attempt's outcome — sent, failed for good (after WARDEN_WEBHOOK_MAX_ATTEMPTS) or due again
+    after a backoff — recorded only while the claim is still ours. Returns 'delivered', 'failed',
+    'retry' or 'claim-lost'."""
+    now = timezone.now()
+    ours = EmailDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING, claimed_by=deliverer,
+                                        attempts=delivery.attempts)
+    released = {"claimed_by": "", "claimed_until": None, "last_error": error[:500]}
+    if not error:
+        updated, outcome = ours.update(status=DeliveryStatus.DELIVERED, sent_at=now, **released), "delivered"
+    elif delivery.attempts >= settings.WARDEN_WEBHOOK_MAX_ATTEMPTS:
+        updated, outcome = ours.update(status=DeliveryStatus.FAILED, **released), "failed"
+    else:
+        updated = ours.update(next_attempt_at=now + timedelta(seconds=retry_delay(delivery.attempts)), **released)
+        outcome = "retry"
+    return outcome if updated else "claim-lost"
+
+
+def email_deliveries_retry_now(*, deliveries: QuerySet[EmailDelivery]) -> int:
+    """Every one of `deliveries` not yet sent is due again now (a failed one gets a new round of
+    attempts). Returns how many."""
     return deliveries.exclude(status=DeliveryStatus.DELIVERED).update(status=DeliveryStatus.PENDING,
                                                                       next_attempt_at=timezone.now())

@@ -27,6 +27,7 @@ from operations.models import ProcessRole
 METRICS_STATEMENT_TIMEOUT_MS = 5000
 
 RUN_DURATION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)
+APPROVAL_DECISION_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 2 * 3600, 4 * 3600, 8 * 3600, 24 * 3600)
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 # A model step discarded this way never called the model (engine.loop.Driver.yield_slice).
@@ -103,6 +104,13 @@ def read_families() -> list:
         tool_calls = _rows(cursor, 'SELECT "tool_name", "effect", "status", count(*) FROM "tools_app_toolcall" GROUP BY 1, 2, 3 ORDER BY 1, 2, 3')
         approvals = _rows(cursor, """SELECT "policy", count(*), min("requested_at") FROM "approvals_app_approval"
                                      WHERE "status" = 'pending' GROUP BY 1""")
+        decision_times = _rows(cursor, _histogram_sql(
+            table='"approvals_app_approval"', duration='"decided_at" - "requested_at"', label='"policy"',
+            buckets=APPROVAL_DECISION_BUCKETS, where='"status" IN (\'approved\', \'rejected\') AND "decided_at" IS NOT NULL'))
+        approval_escalations = _rows(cursor, """SELECT "policy", count(*) FROM "approvals_app_approval"
+                                                WHERE "escalated_at" IS NOT NULL GROUP BY 1 ORDER BY 1""")
+        emails = _rows(cursor, """SELECT "kind", "status", count(*) FROM "notifications_emaildelivery"
+                                  GROUP BY 1, 2 ORDER BY 1, 2""")
         unknown = _rows(cursor, """SELECT "tool_name", count(*), min(coalesce("finished_at", "started_at", "created_at"))
                                    FROM "tools_app_toolcall" WHERE "status" = 'unknown' GROUP BY 1""")
         escalated = _rows(cursor, """SELECT count(*) FROM "tools_app_toolcall" WHERE "status" = 'unknown'
@@ -146,6 +154,14 @@ def read_families() -> list:
         pending.add_metric([policy], n)
         oldest.add_metric([policy], max(0.0, (db_now - since).total_seconds()))
     families += [pending, oldest]
+    families.append(_histogram("warden_approval_decision_seconds",
+                               "Decided approvals (approved or rejected): request to decision, by tier.",
+                               "policy", decision_times, APPROVAL_DECISION_BUCKETS))
+    escalations = CounterMetricFamily("warden_approval_escalations",
+                                      "Approvals escalated past their service level, by tier.", labels=["policy"])
+    for policy, n in approval_escalations:
+        escalations.add_metric([policy], n)
+    families.append(escalations)
 
     unknown_calls = GaugeMetricFamily("warden_unknown_tool_calls", "Writes whose outcome is unknown (waiting for reconciliation).", labels=["tool"])
     unknown_age = GaugeMetricFamily("warden_unknown_tool_call_oldest_age_seconds", "Age of the oldest unknown write.", labels=["tool"])
@@ -166,6 +182,11 @@ def read_families() -> list:
     families += [sent, attempts, GaugeMetricFamily(
         "warden_webhook_oldest_pending_age_seconds", "Age of the oldest webhook delivery not yet delivered.",
         value=max(0.0, (db_now - oldest_delivery).total_seconds()) if oldest_delivery else 0.0)]
+
+    mails = CounterMetricFamily("warden_email_deliveries", "E-mail deliveries by kind and status.", labels=["kind", "status"])
+    for kind, status, n in emails:
+        mails.add_metric([kind, status], n)
+    families.append(mails)
 
     counters, gauges, alive = _process_totals(processes, db_now)
     live = GaugeMetricFamily("warden_processes", "Processes with a fresh heartbeat, by role.", labels=["role"])

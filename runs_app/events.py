@@ -23,6 +23,8 @@ class RunEventType(models.TextChoices):
     INPUT_REQUESTED = "input_requested"
     INPUT_ANSWERED = "input_answered"
     APPROVAL_EXPIRING = "approval_expiring"
+    # A pending approval outlived its service level: a second group of deciders is told (it decides nothing).
+    APPROVAL_ESCALATED = "approval_escalated"
     RECONCILIATION_ESCALATED = "reconciliation_escalated"
     INPUT_QUEUED = "input_queued"
     INPUT_CLASSIFIED = "input_classified"

@@ -15,7 +15,8 @@ from runs_app.models import ModelEndpoint
 
 # The definition's fields as an AgentVersion stores them.
 VERSION_FIELDS = ("name", "instructions", "provider", "model", "fallback_model", "provider_options", "tools", "budgets", "budget_limits",
-                  "approval_rules", "interjection_classifier", "write_caps", "limits")
+                  "approval_rules", "interjection_classifier", "write_caps", "limits",
+                  "approval_service_levels")
 # The model endpoint, named in a definition and pointed at by a version (AgentVersion.endpoint), and
 # the one its calls fall back to (AgentVersion.fallback_endpoint).
 ENDPOINT_FIELD = "endpoint"

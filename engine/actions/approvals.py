@@ -15,7 +15,7 @@ from django.utils.timesince import timesince, timeuntil
 from approvals_app.errors import ApprovalRefusal
 from approvals_app.ledger import ledger_approval_decision, ledger_approval_edit
 from approvals_app.links import why_link_unusable
-from approvals_app.models import Approval, ApprovalDecision, ApprovalLink, ApprovalPolicy, ApprovalStatus
+from approvals_app.models import Approval, ApprovalDecision, ApprovalLink, ApprovalPolicy, ApprovalStatus, LinkStage
 from approvals_app.services import (
     approval_approvers,
     approval_create,
@@ -28,6 +28,8 @@ from config.errors import WardenError
 from engine.actions.runs import run_resume
 from engine.guards import write_recheck
 from agents.limits import TIER_ORDER
+from notifications.notices import approval_notices
+from notifications.outbox import deliveries_soon
 from engine.state import approval_close, run_event_append, run_transition, tool_call_transition
 from runs_app.events import RunEventType
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
@@ -352,3 +354,40 @@ def tool_call_close_for_decision(*, approval: Approval, lease_token: int | None 
 
 def _session_of(approval: Approval):
     return Run.objects.values_list("session_id", flat=True).get(pk=approval.run_id)
+
+
+def approval_remind(*, approval: Approval) -> bool:
+    """The service level's reminder (docs/NOTIFICATIONS.md): the first group is told again, each
+    with a new link, once per approval. A conditional UPDATE on `reminded_at` decides who reminds,
+    so two sweepers never both do; nothing is decided. False when it was reminded already, was
+    escalated, or is no longer pending."""
+    with transaction.atomic():
+        reminded = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING, policy=ApprovalPolicy.OPERATOR,
+                                           reminded_at__isnull=True, escalated_at__isnull=True
+                                           ).update(reminded_at=timezone.now())
+        if reminded and approval_notices(approval_id=approval.pk, stage=LinkStage.REMINDER,
+                                         decider_refusal=access.why_not_a_decider):
+            transaction.on_commit(deliveries_soon)
+    return bool(reminded)
+
+
+def approval_escalate(*, approval: Approval, group: str, after: str) -> bool:
+    """The service level's escalation: `group` is told (its own links), `escalated_at` and
+    `escalated_to` say so on the desk, and an `approval_escalated` event goes on the run — which the
+    outbox turns into the group's notices and `approval.escalated` webhooks. Once per approval (a
+    conditional UPDATE), under the session's lock like every change of a run made outside its
+    worker. It never approves: the request stays pending until someone decides or it expires."""
+    with transaction.atomic():
+        session_lock(session_id=_session_of(approval))
+        now = timezone.now()
+        escalated = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING, policy=ApprovalPolicy.OPERATOR,
+                                            escalated_at__isnull=True).update(escalated_at=now, escalated_to=group)
+        if not escalated:
+            return False
+        approval = Approval.objects.select_related("tool_call").get(pk=approval.pk)
+        run_event_append(run_id=approval.run_id, events=[(RunEventType.APPROVAL_ESCALATED, {
+            "approval": str(approval.id), "tool_call": str(approval.tool_call_id), "policy": approval.policy,
+            "status": approval.status, "expires_at": approval.expires_at.isoformat(), "escalated_to": group,
+            "escalate_after": after, "tool": approval.tool_call.tool_name, "arguments": approval.tool_call.arguments,
+        })])
+    return True

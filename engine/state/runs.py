@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
+from access.policy import why_not_a_decider
 from config import rows
 from notifications.outbox import notifications_for_events
 from runs_app.endpoints import ENDPOINT_OPTION, FALLBACK_ENDPOINT_OPTION, FALLBACK_MODEL_OPTION
@@ -181,7 +182,9 @@ def _run_update(
             RunEvent(run_id=run_id, seq=first_seq + i, type=kind.value, payload=payload, created_at=now)
             for i, (kind, payload) in enumerate(events)
         ]
-        notifications_for_events(run_id=run_id, session_id=written.session_id, events=records)
+        # The policy decides who is told of an approval (notifications.notices), as it decides who may decide it.
+        notifications_for_events(run_id=run_id, session_id=written.session_id, events=records,
+                                 decider_refusal=why_not_a_decider)
         publish_events_on_commit(
             session_id=written.session_id,
             run_id=run_id,

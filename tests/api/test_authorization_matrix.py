@@ -73,6 +73,11 @@ LEDGER_ENDPOINTS = {("GET", "/ledger")}
 MODEL_ENDPOINT_ENDPOINTS = {("GET", "/model-endpoints"), ("GET", "/model-endpoints/{name}"), ("POST", "/model-endpoints"),
                             ("PATCH", "/model-endpoints/{name}")}
 
+# Out-of-office delegations are the caller's own: nobody lists or revokes another's; naming a stand-in
+# needs approvals_app.decide_approval, which only the operator of the matrix has.
+DELEGATION_ENDPOINTS = {("GET", "/me/delegations"), ("POST", "/me/delegations"),
+                        ("POST", "/me/delegations/{delegation_id}/revoke")}
+
 BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
     "/runs/{run_id}/cancel": {"reason": "customer changed their mind"},
@@ -89,7 +94,7 @@ def test_the_matrix_covers_every_endpoint_of_the_api():
     schema = api.get_openapi_schema(path_prefix="")
     served = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
     assert served == (set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS | FREEZE_ENDPOINTS
-                      | FEED_ENDPOINTS | LEDGER_ENDPOINTS | MODEL_ENDPOINT_ENDPOINTS)
+                      | FEED_ENDPOINTS | LEDGER_ENDPOINTS | MODEL_ENDPOINT_ENDPOINTS | DELEGATION_ENDPOINTS)
 
 
 @pytest.mark.parametrize("caller", CALLERS)
@@ -137,6 +142,40 @@ def test_no_caller_without_the_freeze_permission_reads_sets_or_lifts_a_freeze(ca
     response = api_client.get(url) if method == "GET" else api_client.post(url, body)
     assert response.status_code == (401 if caller in ("anonymous", "revoked_key") else 403), (caller, response.content)
     assert list(Freeze.objects.values_list("target", "lifted_at")) == [("alice", None)]
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize(("method", "path"), sorted(DELEGATION_ENDPOINTS))
+def test_delegations_are_the_callers_own_and_naming_a_stand_in_needs_the_decide_permission(caller, method, path):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals_app.models import Delegation
+    from engine.actions.delegations import delegation_set
+
+    scene = Scene()
+    away = grant(UserFactory(username="away", is_staff=True), ("approvals_app", "decide_approval"))
+    stand_in = UserFactory(username="stand-in", is_staff=True)
+    theirs = delegation_set(delegator=away, delegate=stand_in, starts_at=None, ends_at=timezone.now() + timedelta(days=1),
+                            reason="leave", acting_user=away)
+    api_client = scene.callers[caller]
+    url = path.replace("{delegation_id}", str(theirs.pk))
+    body = {"delegate": "stand-in", "ends_at": (timezone.now() + timedelta(days=2)).isoformat()}
+    response = api_client.get(url) if method == "GET" else api_client.post(url, body if path == "/me/delegations" else None)
+    if caller in ("anonymous", "revoked_key"):
+        want = 401
+    elif method == "GET":
+        want = 200
+    elif path == "/me/delegations":
+        want = 201 if caller == "operator" else 403
+    else:
+        want = 404  # someone else's, reported like a missing one
+    assert response.status_code == want, (caller, response.content)
+    if want == 200:
+        assert response.json() == []
+    assert list(Delegation.objects.filter(revoked_at__isnull=True).values_list("delegator__username", flat=True).order_by("id")) == (
+        ["away", "operator"] if want == 201 else ["away"])
 
 
 @pytest.mark.parametrize("caller", CALLERS)

@@ -214,6 +214,31 @@ class FreezeFactory(factory.django.DjangoModelFactory):
     created_by = factory.SubFactory(UserFactory)
 
 
+class ApprovalLinkFactory(factory.django.DjangoModelFactory):
+    """A decision link as approvals_app.links.link_create writes it (unsigned here: link_token signs it)."""
+
+    class Meta:
+        model = "approvals_app.ApprovalLink"
+
+    approval = factory.SubFactory(ApprovalFactory)
+    decider = factory.SubFactory(UserFactory)
+    digest = factory.LazyAttribute(lambda link: link.approval.digest)
+    expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=1))
+
+
+class DelegationFactory(factory.django.DjangoModelFactory):
+    """A delegation in force for a week (engine.actions.delegations.delegation_set sets real ones)."""
+
+    class Meta:
+        model = "approvals_app.Delegation"
+
+    delegator = factory.SubFactory(UserFactory)
+    delegate = factory.SubFactory(UserFactory)
+    created_by = factory.LazyAttribute(lambda delegation: delegation.delegator)
+    starts_at = factory.LazyFunction(timezone.now)
+    ends_at = factory.LazyFunction(lambda: timezone.now() + timedelta(days=7))
+
+
 class ShopAccountFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = ShopAccount
@@ -308,6 +333,17 @@ class WebhookAttemptFactory(factory.django.DjangoModelFactory):
     number = factory.Sequence(lambda n: n + 1)
     deliverer = "host:1:deliverer"
     started_at = factory.LazyFunction(timezone.now)
+
+
+class EmailDeliveryFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = "notifications.EmailDelivery"
+
+    kind = NotificationKind.APPROVAL_REQUESTED
+    recipient = factory.SubFactory(UserFactory)
+    to = factory.LazyAttribute(lambda e: f"{e.recipient.username}@example.test")
+    subject = "[Warden] Approval requested"
+    body = "Your decision link: https://warden.example.test/console/decide/token/\n"
 
 
 class ProcessHeartbeatFactory(factory.django.DjangoModelFactory):

@@ -331,8 +331,8 @@ class ProcessGroup:
     def start_workers(self, label: str = "workers", *, workers: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
         return self.start(label, [sys.executable, "manage.py", "qcluster"], env={"WARDEN_WORKERS": str(workers), **(env or {})})
 
-    def start_sweeper(self, interval: float = 0.5) -> subprocess.Popen:
-        return self.start("sweeper", [sys.executable, "manage.py", "sweep", "--loop", "--interval", str(interval)])
+    def start_sweeper(self, interval: float = 0.5, *, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return self.start("sweeper", [sys.executable, "manage.py", "sweep", "--loop", "--interval", str(interval)], env=env)
 
     def signal(self, label: str, sig: int) -> None:
         process = self.processes[label]

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection, connections
 
+from engine.mailer import mails_send_due
 from engine.sweeper import sweep_once
 from engine.webhooks import webhooks_deliver_due
 
@@ -13,12 +14,13 @@ logger = logging.getLogger("warden.sweeper")
 
 
 def _deliver_forever(interval: float) -> None:
-    """Webhook deliveries that are due (retries, and those whose deliverer died), on a thread of
-    their own: a slow receiver must not hold up lease revocation."""
+    """Webhook deliveries and e-mails that are due (retries, and those whose deliverer died), on a
+    thread of their own: a slow receiver must not hold up lease revocation."""
     while True:
         try:
             close_old_connections()
             webhooks_deliver_due()
+            mails_send_due()
         except Exception:  # noqa: BLE001 - the database or a receiver is away: try again next round
             logger.warning("webhook delivery round failed; retrying", exc_info=True)
             connection.close()
@@ -31,7 +33,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--loop", action="store_true")
         parser.add_argument("--interval", type=float, default=None)
-        parser.add_argument("--no-webhooks", action="store_true", help="leave webhook deliveries to other processes")
+        parser.add_argument("--no-webhooks", action="store_true", help="leave webhook and e-mail deliveries to other processes")
 
     def handle(self, *args, loop, interval, no_webhooks, **options):
         interval = interval or settings.WARDEN_SWEEP_SECONDS
@@ -43,6 +45,7 @@ class Command(BaseCommand):
                 counts = sweep_once()
                 if not no_webhooks:
                     counts["webhooks_attempted"] = webhooks_deliver_due()
+                    counts["emails_attempted"] = mails_send_due()
                 self.stdout.write(str(counts))
                 return
             try:

@@ -1,6 +1,6 @@
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Group, Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
@@ -65,11 +65,19 @@ class Command(BaseCommand):
     def _demo_agent(self, operator):
         """"Refund desk (demo)": a new version only when its definition changed, so running
         demo_setup again leaves the demo's runs and their version alone."""
-        from demo.agent import DEMO_AGENT  # installed only in demo mode, checked above
+        from demo.agent import DEMO_AGENT, DEMO_LEADS_GROUP, DEMO_SERVICE_LEVELS  # installed only in demo mode, checked above
 
-        agent = Agent.objects.filter(slug=DEMO_AGENT["slug"]).select_related("current_version__agent").first()
+        # The group its approvals escalate to, with the demo operator in it so an escalation reaches
+        # someone; it must exist before the definition names it.
+        leads, _ = Group.objects.get_or_create(name=DEMO_LEADS_GROUP)
+        leads.permissions.add(*Permission.objects.filter(codename="decide_approval"))
+        operator.groups.add(leads)
+        definition = DEMO_AGENT
+        if settings.WARDEN_APPROVAL_TTL_SECONDS > 30 * 60:  # an escalation must come before the expiry
+            definition = {**DEMO_AGENT, "approval_service_levels": DEMO_SERVICE_LEVELS}
+        agent = Agent.objects.filter(slug=definition["slug"]).select_related("current_version__agent").first()
         if agent is not None and agent.current_version_id:
             current = agent_definition_of(agent.current_version)
-            if all(current.get(field) == value for field, value in agent_definition_check(DEMO_AGENT).items()):
+            if all(current.get(field) == value for field, value in agent_definition_check(definition).items()):
                 return
-        agent_save(definition=DEMO_AGENT, acting_user=operator, agent=agent)
+        agent_save(definition=definition, acting_user=operator, agent=agent)
