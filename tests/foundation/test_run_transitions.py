@@ -35,7 +35,7 @@ def _run_in(status: str) -> Run:
     return RunFactory(**fields)
 
 
-LEGAL = [(a, b) for a, targets in RUN_TRANSITIONS.items() for b in targets]
+LEGAL = [(a, b) for a, targets in RUN_TRANSITIONS.items() for b in sorted(targets)]
 ILLEGAL = [(a, b) for a, b in itertools.product(RunStatus.values, repeat=2) if b not in RUN_TRANSITIONS[a]]
 
 

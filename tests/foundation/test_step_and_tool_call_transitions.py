@@ -40,9 +40,9 @@ def _call_in(status: str) -> ToolCall:
                            idempotency_key=f"execute_refund:{step.run_id}:9527")
 
 
-STEP_LEGAL = [(a, b) for a, targets in STEP_TRANSITIONS.items() for b in targets]
+STEP_LEGAL = [(a, b) for a, targets in STEP_TRANSITIONS.items() for b in sorted(targets)]
 STEP_ILLEGAL = [(a, b) for a, b in itertools.product(StepStatus.values, repeat=2) if b not in STEP_TRANSITIONS[a]]
-CALL_LEGAL = [(a, b) for a, targets in TOOL_CALL_TRANSITIONS.items() for b in targets]
+CALL_LEGAL = [(a, b) for a, targets in TOOL_CALL_TRANSITIONS.items() for b in sorted(targets)]
 CALL_ILLEGAL = [(a, b) for a, b in itertools.product(ToolCallStatus.values, repeat=2) if b not in TOOL_CALL_TRANSITIONS[a]]
 
 
