@@ -18,6 +18,10 @@ STAMP := $(VENV)/.installed-stamp
 CLIENT := $(wildcard client/pyproject.toml)
 PIP_COMPILE_ARGS ?=
 PYTEST_ARGS ?=
+# The suite runs in two processes (pytest-xdist), a file at a time each; with the embedded server each
+# has a PostgreSQL server of its own (tests/settings.py). `make test TEST_WORKERS=0` runs it in one.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: run test setup setup-runtime migrate lock bench bench-concurrent bench-telemetry bench-api bench-ws soak stop-db clean
 
@@ -56,7 +60,7 @@ run: migrate
 	$(PY) manage.py serve_all
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # Benchmarks are run by hand (never by the suite); results go to docs/BENCHMARKS.md and
 # docs/RELIABILITY.md. They drive the demo world, so they run in demo mode.
