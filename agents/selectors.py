@@ -3,10 +3,17 @@ version a run runs with (kept per process: versions never change)."""
 
 import functools
 import re
+from dataclasses import dataclass
+from decimal import Decimal
 
 from django.conf import settings
+from django.utils import timezone
 
+from agents.limits import limit_scopes, window_of
 from agents.models import Agent, AgentVersion
+from sessions_app.selectors import session_customer
+from tools_app.registry import tool_get
+from tools_app.selectors import writes_spent
 
 AGENT_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
@@ -84,3 +91,57 @@ def endpoint_models_in_use(*, endpoint_id) -> dict[str, list[str]]:
                 used.setdefault(model, []).append(slug)
     return used
 
+
+
+@dataclass(frozen=True)
+class LimitWindow:
+    """One of the agent's limits on a write's tool as its window stands now (agents.limits): the
+    other calls in it, and the total with this call, against the limit — in the call's currency."""
+
+    window: str
+    per: str  # "customer", "agent" or the counterparty argument it adds up by
+    value: str  # whose window: the customer's or agent's id, the counterparty argument's value
+    currency: str | None
+    others_total: Decimal
+    others_count: int
+    total: Decimal  # with this call
+    count: int
+    max_amount: str | None
+    max_count: int | None
+    over: str  # what crossing it asks for: refuse, user, operator
+
+    @property
+    def crossed(self) -> bool:
+        return ((self.max_amount is not None and self.total > Decimal(self.max_amount))
+                or (self.max_count is not None and self.count > self.max_count))
+
+
+def tool_call_limit_windows(*, tool_call, now=None) -> list[LimitWindow]:
+    """Each of the run's agent's limits on the call's tool, with its window's total and count now
+    — counted as the run-time counts them (tools_app.selectors.writes_spent), the call itself
+    added once — in the call's currency (a limit in another currency does not count it); empty for
+    a run without an agent, or a tool the agent sets no limit on."""
+    tool = tool_get(tool_call.tool_name)
+    version = run_agent_version(tool_call.run)
+    limits = ((version.limits or {}) if version is not None else {}).get(tool_call.tool_name)
+    if tool is None or not limits:
+        return []
+    customer = session_customer(str(tool_call.run.session_id))
+    scopes = limit_scopes(tool=tool, limits=limits, arguments=tool_call.arguments,
+                          customer_id=customer.id if customer else None, agent_id=version.agent_id)
+    amount, currency = tool.money_of(tool_call.arguments)
+    now = now or timezone.now()
+    windows = []
+    for limit, scope in zip(limits, scopes):
+        if "max_amount" in limit and scope.currency != currency:
+            continue
+        total, count = writes_spent(tool_name=tool.name, since=now - window_of(limit["window"]), per=scope.per,
+                                    value=scope.value, amount_argument=tool.amount,
+                                    currency_argument=tool.currency_argument, currency=scope.currency,
+                                    exclude_pk=tool_call.pk)
+        windows.append(LimitWindow(
+            window=limit["window"], per=scope.per, value=scope.value, currency=scope.currency, others_total=total,
+            others_count=count, total=total + (amount or 0), count=count + 1, max_amount=limit.get("max_amount"),
+            max_count=limit.get("max_count"), over=limit.get("over", ""),
+        ))
+    return windows

@@ -28,7 +28,7 @@ from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
 from runs_app.feeds import feed_events
 from sessions_app.models import InputDisposition, InputMode, MessageRole
-from sessions_app.selectors import message_list, message_list_latest, pending_input_list, session_get, session_list
+from sessions_app.selectors import held_input_list, message_list, message_list_latest, pending_input_list, session_get, session_list
 from sessions_app.services import MAX_MESSAGE_CHARS
 
 router = Router(tags=["sessions"])
@@ -95,6 +95,14 @@ class PendingInputOut(Schema):
     received_at: datetime
     consumed_at: datetime | None
     consumed_by_run_id: uuid.UUID | None
+    held_from_run_id: uuid.UUID | None = Field(
+        description="the cancelled run it was meant for, when it was held (disposition `held` until its user "
+                    "sends it as a new request or drops it — then `new_run` or `discarded`)")
+    held_reason: str = Field(description="why it was held, in words (empty unless it was)")
+
+    @staticmethod
+    def resolve_held_from_run_id(pending) -> uuid.UUID | None:
+        return pending.held_from_id
 
     @staticmethod
     def resolve_resolved_mode(pending) -> str | None:
@@ -112,6 +120,9 @@ class PendingInputOut(Schema):
 class SessionDetailOut(SessionOut):
     messages: list[MessageOut] = Field(description=f"the latest {DETAIL_MESSAGES} messages, oldest first")
     pending_inputs: list[PendingInputOut] = Field(description="input waiting for the active run to read it")
+    held_inputs: list[PendingInputOut] = Field(
+        description="input meant for a run that was cancelled before reading it: nothing starts from it until its "
+                    "user chooses (the console's \"Send as a new request\" or \"Drop it\")")
 
 
 class SessionIn(BodyIn):
@@ -165,6 +176,7 @@ def _session_detail_out(session) -> SimpleNamespace:
             "id", "title", "owner", "agent", "agent_id", "active_run_id", "message_seq", "created_at", "updated_at")},
         messages=message_list_latest(session=session, limit=DETAIL_MESSAGES),
         pending_inputs=pending_input_list(session=session),
+        held_inputs=held_input_list(session=session),
     )
 
 

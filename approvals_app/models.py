@@ -55,6 +55,12 @@ class Approval(models.Model):
     reminded_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
     escalated_to = models.CharField(max_length=150, blank=True)
+    # Who on the shift works this request (issue 29): a person who may decide it, set and cleared
+    # only by engine.actions.approvals.approval_assign, audited. Nobody is bound by it: any decider
+    # may still decide; it says who has it in hand.
+    assigned_to = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                                    related_name="+")
+    assigned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["requested_at"]
@@ -86,6 +92,8 @@ class Approval(models.Model):
             models.Index(fields=["requested_at"], condition=Q(status="pending"), name="approval_pending_oldest"),
             # The desk's "all" view of the queue, and the dashboard's approval waits by day.
             models.Index(fields=["requested_at"], name="approval_requested"),
+            # The queue's "Mine" view: one operator's pending requests, oldest first.
+            models.Index(fields=["assigned_to", "requested_at"], condition=Q(status="pending"), name="approval_pending_assigned"),
         ]
 
     def __str__(self) -> str:
@@ -291,3 +299,27 @@ class Delegation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.delegator_id} → {self.delegate_id}"
+
+
+class SavedView(models.Model):
+    """One operator's named view of a desk list (issue 29): the path and query string of an admin
+    changelist, its filters and search as they were when saved. Seen and deleted by its owner
+    alone; written through engine.actions.saved_views."""
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_views")
+    name = models.CharField(max_length=80)
+    # "/admin/approvals_app/approval/?assigned=mine": a path of this site, never another host.
+    url = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["owner", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="saved_view_name_per_owner"),
+            # A path on this site: no scheme, no other host ("//evil.example/…").
+            models.CheckConstraint(condition=Q(url__startswith="/") & ~Q(url__startswith="//"), name="saved_view_local_path"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -8,10 +8,12 @@ from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalStatus, AuditEntry, Delegation, Freeze, FreezeScope
+from approvals_app.models import (
+    Approval, ApprovalPolicy, ApprovalStatus, AuditEntry, Delegation, Freeze, FreezeScope, SavedView,
+)
 from config.pagination import keyset_page
 from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunOutcome, RunStatus, WaitReason
-from sessions_app.models import Message
+from sessions_app.models import Message, MessageRole
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 
 CONVERSATION_MESSAGES = 20
@@ -279,3 +281,91 @@ def delegate_in_force(*, delegator_id, at: datetime | None = None):
     delegation = (delegations_in_force(at=at).filter(delegator_id=delegator_id).select_related("delegate")
                   .order_by("-starts_at", "-id").first())
     return delegation.delegate if delegation else None
+
+
+# The queue's tiers and waiting bands (issue 29): the dashboard counts by them and the queue filters
+# by them, from these same predicates, so a number and the list it links to always agree.
+APPROVAL_TIERS: dict[str, tuple[str, Q]] = {
+    "user": ("customer's confirmation", Q(policy=ApprovalPolicy.USER)),
+    "operator": ("one operator", Q(policy=ApprovalPolicy.OPERATOR, required_approvals=1)),
+    "quorum": ("a quorum of operators", Q(required_approvals__gt=1)),
+}
+WAIT_BAND_EDGES = (timedelta(minutes=10), timedelta(hours=1))
+WAIT_BANDS: dict[str, str] = {"lt10m": "under 10 min", "10m-1h": "10–60 min", "gt1h": "over 1 h"}
+
+
+def approval_wait_band(*, band: str, now: datetime) -> Q:
+    """The requests that have waited for `band` (a key of WAIT_BANDS) at `now`."""
+    short, long = (now - edge for edge in WAIT_BAND_EDGES)
+    return {"lt10m": Q(requested_at__gt=short), "10m-1h": Q(requested_at__lte=short, requested_at__gt=long),
+            "gt1h": Q(requested_at__lte=long)}[band]
+
+
+@dataclass(frozen=True)
+class PendingCounts:
+    by_tier: dict[str, int]  # key of APPROVAL_TIERS → pending requests
+    by_wait: dict[str, int]  # key of WAIT_BANDS → pending requests
+    mine: int  # pending, assigned to the caller
+    unassigned: int
+    now: datetime  # when they were counted: the queue's bands move with the clock
+
+
+def approval_pending_counts(*, approvals: QuerySet[Approval], user, now: datetime | None = None) -> PendingCounts:
+    """The pending requests among `approvals` (what the access policy lets the caller see) by tier,
+    by how long they have waited, and by who has them in hand — one aggregate over the pending index."""
+    now = now or timezone.now()
+    aggregates = {f"tier_{key}": Count("pk", filter=where) for key, (_, where) in APPROVAL_TIERS.items()}
+    aggregates |= {f"wait_{key}": Count("pk", filter=approval_wait_band(band=key, now=now)) for key in WAIT_BANDS}
+    aggregates |= {"mine": Count("pk", filter=Q(assigned_to_id=user.pk)),
+                   "unassigned": Count("pk", filter=Q(assigned_to__isnull=True))}
+    row = approvals.filter(status=ApprovalStatus.PENDING).order_by().aggregate(**aggregates)
+    return PendingCounts(by_tier={key: row[f"tier_{key}"] for key in APPROVAL_TIERS},
+                         by_wait={key: row[f"wait_{key}"] for key in WAIT_BANDS},
+                         mine=row["mine"], unassigned=row["unassigned"], now=now)
+
+
+def saved_view_list(*, owner) -> list[SavedView]:
+    """An operator's own saved views, by name; nobody sees another's."""
+    return list(SavedView.objects.filter(owner=owner).order_by("name"))
+
+
+# ---------------------------------------------------------------------------
+# What a decision about one write needs beside it (the approve, reject and record-outcome pages).
+# ---------------------------------------------------------------------------
+
+CUSTOMER_REQUEST_MESSAGES = 5
+
+
+def call_customer_request(*, tool_call: ToolCall, limit: int = CUSTOMER_REQUEST_MESSAGES) -> list[Message]:
+    """What the customer asked for in the run that made the call: the run's user messages, oldest
+    first (the request, then what they added while it ran); for a run without one, the session's
+    last user message before the call."""
+    asked = list(Message.objects.filter(run_id=tool_call.run_id, role=MessageRole.USER).order_by("seq")[:limit])
+    if asked:
+        return asked
+    before = (Message.objects.filter(session_id=tool_call.run.session_id, role=MessageRole.USER,
+                                     created_at__lte=tool_call.created_at).order_by("-seq").first())
+    return [before] if before is not None else []
+
+
+def call_conversation(*, tool_call: ToolCall, limit: int = CONVERSATION_MESSAGES) -> list[Message]:
+    """The latest messages of the session the call was made in, oldest first."""
+    latest = Message.objects.filter(session_id=tool_call.run.session_id).order_by("-seq")[:limit]
+    return list(reversed(latest))
+
+
+def call_read_results(*, tool_call: ToolCall) -> list[ToolCall]:
+    """What the run's read tools found before deciding on its write (approval_read_results, by call)."""
+    return list(
+        ToolCall.objects.filter(run_id=tool_call.run_id, effect=ToolEffect.READ, status=ToolCallStatus.SUCCEEDED)
+        .order_by("created_at", "index")
+    )
+
+
+def call_same_key_calls(*, tool_call: ToolCall, limit: int = 20) -> list[ToolCall]:
+    """The other calls that asked for the same business fact, in any run or session, oldest first
+    (approval_same_key_calls, by call)."""
+    if not tool_call.business_key:
+        return []
+    return list(ToolCall.objects.filter(business_key=tool_call.business_key).exclude(pk=tool_call.pk)
+                .select_related("run").order_by("created_at")[:limit])

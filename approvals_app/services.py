@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from approvals_app.models import Approval, ApprovalDecision, ApprovalStatus, AuditEntry
+from approvals_app.models import Approval, ApprovalDecision, ApprovalStatus, AuditEntry, SavedView
 from approvals_app.transitions import check_approval_transition
 from runs_app.events import RunEventType
 from tools_app.services import tool_call_digest
@@ -94,3 +94,30 @@ def approval_transition(*, approval: Approval, to: str, decided_by, note: str, c
     for field, value in values.items():
         setattr(approval, field, value)
     return True
+
+
+def approval_assignment_set(*, approval: Approval, assignee) -> bool:
+    """Who works a pending request (`assignee`, or None: nobody), in the caller's transaction, which
+    checked who may. False when it is no longer pending: a decided request keeps who worked it."""
+    assigned_at = timezone.now() if assignee is not None else None
+    if not Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(
+            assigned_to=assignee, assigned_at=assigned_at):
+        return False
+    approval.assigned_to, approval.assigned_at = assignee, assigned_at
+    return True
+
+
+SAVED_VIEW_NAME_CHARS = 80
+SAVED_VIEW_URL_CHARS = 500
+
+
+def saved_view_create(*, owner, name: str, url: str) -> SavedView:
+    """One operator's named view; saving a name again replaces what it points at."""
+    saved, _ = SavedView.objects.update_or_create(owner=owner, name=name, defaults={"url": url})
+    return saved
+
+
+def saved_view_delete(*, owner, saved_view_id: int) -> bool:
+    """False when `owner` has no such view (someone else's is never theirs to delete)."""
+    deleted, _ = SavedView.objects.filter(owner=owner, pk=saved_view_id).delete()
+    return bool(deleted)

@@ -12,11 +12,11 @@ from config.throttling import user_write_throttled
 from engine.actions.approvals import approval_decide
 from engine.actions.cancel import run_cancel_request
 from config.fair_share import session_turn
-from engine.actions.messages import PostResult, message_post
+from engine.actions.messages import PostResult, held_input_drop, held_input_send, message_post
 from engine.actions.sessions import session_open
 from runs_app.models import Run
 from access import policy as access
-from sessions_app.models import InputMode, Session
+from sessions_app.models import InputMode, PendingInput, Session
 from sessions_app.services import MAX_MESSAGE_CHARS
 
 # As the API's: a cancel reason and a decision note.
@@ -104,3 +104,30 @@ def console_approval_decide(*, user, approval_id, decision: str, note: str = "")
     note = console_text(note, field="note", limit=DECISION_NOTE_CHARS)
     console_write_counted(user)
     return approval_decide(approval=approval, decision=decision, note=note, acting_user=user)
+
+
+def console_held_input_get(*, user, pending_id) -> PendingInput:
+    """Input of a session `user` may post in; someone else's is reported as missing."""
+    try:
+        pk = int(pending_id)
+    except (TypeError, ValueError):
+        pk = None
+    pending = PendingInput.objects.select_related("session").filter(pk=pk).first() if pk else None
+    if pending is None or not access.can_see_session(user=user, session=pending.session):
+        raise WardenError(CommonRefusal.NOT_FOUND, "No such input.")
+    if not access.can_post_in_session(user=user, session=pending.session):
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "Only the session's owner can choose what becomes of its input.")
+    return pending
+
+
+def console_held_input_choose(*, user, pending_id, choice: str) -> PostResult | PendingInput:
+    """The customer's choice about input held from a cancelled run: `send` it as a new request
+    (it starts a run, or waits for the active one) or `drop` it."""
+    pending = console_held_input_get(user=user, pending_id=pending_id)
+    if choice not in ("send", "drop"):
+        raise WardenError(CommonRefusal.BAD_REQUEST, "choice must be 'send' or 'drop'.")
+    console_write_counted(user)
+    with session_turn(pending.session_id):
+        if choice == "send":
+            return held_input_send(pending=pending, acting_user=user)
+        return held_input_drop(pending=pending, acting_user=user)

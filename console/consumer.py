@@ -8,6 +8,9 @@
 - `run.delta` (text and tool-call argument fragments) carries its step and character offset,
   so what a client already has is dropped here and the client reconciles the rest with what it
   shows; a text delta after a gap keeps the text so far when the worker sent it along.
+- Events go out as the console shows them (console.presenters.console_event): a tool call with its
+  card's words; for the customer, no discarded step's reason, no error code, and no draft call of
+  a tool nobody registered (its turn is thrown away unseen).
 - `post`, `cancel` and `decide` go through console.actions (the access policy, then
   the engine's actions); a refusal comes back as {"type": "error", "code", "message"}.
 
@@ -45,6 +48,7 @@ from runs_app.events import LiveDeltaKind, RunEventType, event_payload_for_custo
 from runs_app.live import session_group
 from runs_app.models import Run, RunEvent, RunPhase, RunStatus, Step, StepKind, StepStatus
 from access import policy as access
+from console.presenters import console_event, draft_call_shown
 from console.actions import (
     console_approval_decide,
     console_message_post,
@@ -140,6 +144,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         # twice (channels_postgres 1.1 can run two listeners in one process) is dropped here.
         self.text_sent: dict[tuple[str, int], int] = {}
         self.calls_sent: dict[tuple[str, int, int], int] = {}  # per (run, step, call index), likewise
+        self.hidden_drafts: set[tuple[str, int, int]] = set()  # draft calls the customer is not shown
         await self.accept()
         liveness.gauge_add("websocket_clients", 1)  # a connected console, for warden_live_clients
         self.counted = True
@@ -316,6 +321,8 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         if customer is not None:
             events = [{**event, "payload": event_payload_for_customer(event["type"], event["payload"], customer_username=customer)}
                       for event in events]
+        # The card's words and, for the customer, no internals (console.presenters.console_event).
+        events = [console_event(event, desk_view=customer is None) for event in events]
         message = {"type": "events", "session": self.run_sessions.get(run_id), "run_id": run_id, "events": events}
         if catchup:
             message["catchup"] = True
@@ -340,6 +347,8 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         if not await self._watching(run_id):
             return
         delta = message["delta"]
+        if delta.get("kind") == LiveDeltaKind.TOOL_CALL_DELTA and self._draft_hidden(run_id, delta):
+            return
         if delta.get("kind") == LiveDeltaKind.TOOL_CALL_DELTA and isinstance(delta.get("offset"), int):
             key = (run_id, delta["step"], delta["index"])
             sent = self.calls_sent.get(key, -1)  # argument characters the client has; -1: not announced
@@ -365,6 +374,20 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
             # else: a gap before this piece; the client keeps it aside until a delta carrying
             # the text so far (the worker sends one a second) closes the gap.
         await self.send_json({"type": "delta", "run_id": run_id, "delta": delta})
+
+
+    def _draft_hidden(self, run_id: str, delta: dict) -> bool:
+        """The customer never sees a draft call of a tool nobody registered (its turn is thrown
+        away): the call's first fragment names it, the later ones follow it unseen."""
+        if self.customer_view.get(self.run_sessions.get(run_id)) is None:
+            return False
+        key = (run_id, delta.get("step"), delta.get("index"))
+        if delta.get("name"):
+            if draft_call_shown(delta["name"]):
+                self.hidden_drafts.discard(key)
+            else:
+                self.hidden_drafts.add(key)
+        return key in self.hidden_drafts
 
 
 class EchoConsumer(AsyncWebsocketConsumer):

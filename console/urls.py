@@ -14,6 +14,7 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/messages/", views.console_message_post_view, name="message_post"),
     path("runs/<uuid:run_id>/", views.console_run, name="run"),
     path("runs/<uuid:run_id>/cancel/", views.console_run_cancel_view, name="run_cancel"),
+    path("held-inputs/<int:pending_id>/", views.console_held_input_view, name="held_input"),
     path("approvals/<uuid:approval_id>/decide/", views.console_approval_decide_view, name="approval_decide"),
     # The link a decision notification carries (approvals_app.links): the token is the signed link id.
     path("decide/<str:token>/", decide.console_decide_view, name="decide"),

@@ -16,7 +16,7 @@ from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.static import serve
 
 from config.errors import CommonRefusal, WardenError
@@ -27,14 +27,18 @@ from agents.selectors import agent_get, agent_list
 from access import policy as access
 from console.actions import (
     console_approval_decide,
+    console_held_input_choose,
     console_message_post,
     console_run_cancel,
     console_run_get,
     console_session_create,
     console_session_get,
 )
+from console.cancel_preview import cancel_preview
 from console.presenters import console_run_view, consistent_snapshot
+from engine.actions.messages import PostResult
 from sessions_app.models import InputMode, PendingInput, Session
+from sessions_app.selectors import held_input_list
 
 LOGIN_URL = reverse_lazy("console:login")
 # Where console.js opens its socket (console.routing mounts the consumer here).
@@ -135,6 +139,7 @@ def console_session(request, session_id):
         runs = list(session_runs.select_related("session", "cancel_requested_by").order_by("-created_at")[:RUNS_PER_PAGE])[::-1]
         run_views = [console_run_view(run=run, viewer=viewer) for run in runs]
         pending = list(PendingInput.objects.filter(session=session, consumed_at__isnull=True).order_by("id"))
+        held = held_input_list(session=session)
     is_owner = access.can_post_in_session(user=viewer, session=session)
     config = {
         "session": str(session.pk),
@@ -154,6 +159,7 @@ def console_session(request, session_id):
     context = _page_context(request, session=session) | {
         "run_views": run_views,
         "pending_inputs": pending,
+        "held_inputs": held,
         "is_owner": is_owner,
         "has_active_run": any(v.is_active for v in run_views),
         "older_runs_hidden": session_runs.count() > len(run_views),
@@ -176,9 +182,11 @@ def console_run(request, run_id):
         run = Run.objects.select_related("session", "cancel_requested_by").get(pk=run.pk)
         view = console_run_view(run=run, viewer=request.user)
         pending = list(PendingInput.objects.filter(session_id=run.session_id, consumed_at__isnull=True).order_by("id"))
+        held = held_input_list(session=run.session)
     return render(request, "console/run_fragment.html", {
         "view": view,
         "pending_inputs": pending,
+        "held_inputs": held,
         "is_owner": access.can_post_in_session(user=request.user, session=run.session),
         "admin_approvals_url": reverse("admin:approvals_app_approval_changelist") if request.user.is_staff else "",
     })
@@ -224,9 +232,14 @@ def console_message_post_view(request, session_id):
     return redirect("console:session", session_id=session_id)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required(login_url=LOGIN_URL)
 def console_run_cancel_view(request, run_id):
+    """GET: what cancelling would leave done, wait for, stop and hold, and the question — a page
+    of its own without JavaScript, a fragment (`?fragment=1`) console.js shows in the run. POST:
+    cancel (through the cancel protocol)."""
+    if request.method == "GET":
+        return _cancel_confirmation(request, run_id)
     try:
         run = console_run_cancel(user=request.user, run_id=run_id, reason=request.POST.get("reason", ""))
     except WardenError as error:
@@ -235,6 +248,51 @@ def console_run_cancel_view(request, run_id):
         _flash_error(request, error)
         run = Run.objects.get(pk=run_id)
     return redirect("console:session", session_id=run.session_id)
+
+
+def _cancel_confirmation(request, run_id):
+    try:
+        run = console_run_get(user=request.user, run_id=run_id)
+    except WardenError as error:
+        raise Http404(error.message) from error
+    if not access.can_cancel_run(user=request.user, run=run, even_if_ended=True):
+        raise Http404("No such run.")
+    with consistent_snapshot():
+        preview = cancel_preview(run=Run.objects.select_related("session").get(pk=run.pk))
+    context = {"preview": preview, "run": preview.run}
+    if request.GET.get("fragment"):
+        response = render(request, "console/_cancel_confirm.html", context)
+    else:
+        response = render(request, "console/cancel_confirm.html", _page_context(request, session=run.session) | context)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@login_required(login_url=LOGIN_URL)
+def console_held_input_view(request, pending_id):
+    """"Send as a new request" or "Drop it" for input held from a cancelled run. A plain form post
+    is answered with the session page; console.js (Accept: application/json) gets JSON, its
+    refusals as the API's body with their status."""
+    wants_json = "application/json" in request.headers.get("Accept", "")
+    try:
+        result = console_held_input_choose(user=request.user, pending_id=pending_id, choice=request.POST.get("choice", ""))
+    except WardenError as error:
+        if wants_json:
+            return JsonResponse({"code": error.code.value, "message": error.message}, status=error.code.status)
+        if error.code is CommonRefusal.NOT_FOUND:
+            raise Http404(error.message) from error
+        _flash_error(request, error)
+        pending = PendingInput.objects.filter(pk=pending_id).first()
+        return redirect("console:session", session_id=pending.session_id) if pending else redirect("console:home")
+    if isinstance(result, PostResult):
+        session_id, body = result.run.session_id, {"choice": "send", "disposition": result.disposition,
+                                                   "run_id": str(result.run.id)}
+    else:
+        session_id, body = result.session_id, {"choice": "drop", "disposition": result.disposition}
+    if wants_json:
+        return JsonResponse(body)
+    return redirect("console:session", session_id=session_id)
 
 
 @require_POST

@@ -224,6 +224,13 @@ def reconcile_refund(ctx: ToolContext, args: RefundArguments) -> Reconciled | No
     return None
 
 
+def _order_summary(arguments: dict, result: dict) -> str:
+    """One line of what the look-up found: "Order 9527: delivered, 25.00 USD, can be refunded."."""
+    refund = ("already refunded" if result.get("refunded") else
+              "can be refunded" if result.get("refund_eligible") else "cannot be refunded")
+    return f"Order {result['order_id']}: {result['status']}, {result['amount']} {result['currency']}, {refund}."
+
+
 tool_register(
     Tool(
         name="query_order",
@@ -232,6 +239,7 @@ tool_register(
         effect=ToolEffect.READ,
         execute=query_order,
         timeout=5.0,
+        summary=_order_summary,
         extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )
@@ -243,6 +251,7 @@ tool_register(
         effect=ToolEffect.READ,
         execute=query_user_level,
         timeout=5.0,
+        summary="Level: {level}.",
         extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )
@@ -254,6 +263,7 @@ tool_register(
         effect=ToolEffect.READ,
         execute=get_weather,
         timeout=5.0,
+        summary="{city}: {summary}, {temperature_c} °C.",
         extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )
@@ -266,6 +276,7 @@ tool_register(
         execute=noop,
         timeout=1.0,
         max_attempts=1,
+        summary="Echoed {i}.",
     )
 )
 tool_register(
@@ -286,6 +297,8 @@ tool_register(
         amount="amount",
         currency="USD",
         reference="order_id",
+        # The card's one line once the refund went through (the gateway's answer, else what was asked).
+        summary="Refunded {amount} {currency}, ref {refund_id}",
         extra={"customer_texts": CUSTOMER_TEXTS},
     )
 )

@@ -14,7 +14,8 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from desk.display import amount_of, compact_arguments, countdown, time_to_expiry
+from desk.decision_facts import call_facts
+from desk.display import amount_of, compact_arguments, expiry_line, time_to_expiry
 from approvals_app.models import Approval, ApprovalStatus
 from approvals_app.errors import ApprovalRefusal
 from approvals_app.services import approval_approvers
@@ -48,6 +49,11 @@ class DecisionForm(forms.Form):
         else:
             del self.fields["customer_message"]
             self.fields["note"].help_text = "Optional. For the desk and the audit trail only: the customer and the model never see it."
+
+
+def requests_text(count: int) -> str:
+    """ "1 request", "3 requests"."""
+    return f"{count} request{'' if count == 1 else 's'}"
 
 
 def _decided_message(decision: str, calls) -> str:
@@ -121,9 +127,9 @@ def approval_decide_view(request, *, model_admin, object_id: str, decision: str)
         "refusal": refusal,
         "standing_in": f"You decide for {principal.get_username()} (standing in)." if principal is not None else "",
         "arguments": model_admin.arguments_pretty(approval),
-        "read_results": model_admin.read_results(approval),
+        "facts": call_facts(tool_call=approval.tool_call),
         "rule": model_admin.rule_applied(approval),
-        "expiry": countdown(approval.expires_at) if approval.status == ApprovalStatus.PENDING else "—",
+        "expiry": expiry_line(approval.expires_at, pending=approval.status == ApprovalStatus.PENDING),
         "change_url": change_url,
     }
     request.current_app = model_admin.admin_site.name
@@ -219,7 +225,7 @@ def approval_edit_view(request, *, model_admin, object_id: str):
         "arguments": model_admin.arguments_pretty(approval),
         "asked": compact_arguments(call.proposed_arguments) if call.proposed_arguments is not None else "",
         "rule": model_admin.rule_applied(approval),
-        "expiry": countdown(approval.expires_at) if approval.status == ApprovalStatus.PENDING else "—",
+        "expiry": expiry_line(approval.expires_at, pending=approval.status == ApprovalStatus.PENDING),
         "change_url": change_url,
     }
     request.current_app = model_admin.admin_site.name
@@ -268,12 +274,12 @@ def approvals_decide_action(model_admin, request, queryset, *, decision: str):
                 continue
             decided.append(approval.tool_call)
         if decided:
-            messages.success(request, f"{len(decided)} request(s) — " + _decided_message(decision, decided))
+            messages.success(request, f"{requests_text(len(decided))} — " + _decided_message(decision, decided))
         return None
     opts = model_admin.model._meta
     context = {
         **model_admin.admin_site.each_context(request),
-        "title": f"{DECISIONS[decision]} {len(rows)} request(s)?",
+        "title": f"{DECISIONS[decision]} {requests_text(len(rows))}?",
         "opts": opts,
         "app_label": opts.app_label,
         "rows": rows,

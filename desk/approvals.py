@@ -8,12 +8,19 @@ from django.contrib import admin
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from desk.display import age, badge, compact_arguments, countdown, money_of, pretty_json, request_label, table, waited
+from desk.display import (
+    age, badge, compact_arguments, countdown, expiry_line, money_of, pretty_json, request_label, table, waited,
+)
 from desk.approval_views import approval_decide_view, approval_edit_view, approvals_decide_action
-from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry
+from approvals_app.models import Approval, ApprovalDecision, ApprovalPolicy, ApprovalStatus, AuditEntry, SavedView
 from approvals_app.services import approval_approvers
 from approvals_app.selectors import approval_conversation, approval_read_results, approval_same_key_calls
 from desk.base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyAdmin
+from desk.export import CsvExportMixin
+from desk.queue_team import (
+    AssignedFilter, TierFilter, WaitedFilter, assign_action, assignment_of, queue_context, saved_view_delete_view,
+    saved_view_save_view,
+)
 from tools_app.selectors import run_ids_matching
 from access import policy as access
 from tools_app.registry import tool_get
@@ -93,19 +100,22 @@ def quorum_progress(approval: Approval) -> str:
 
 
 @admin.register(Approval)
-class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
-    list_display = ("amount", "order", "customer", "waiting", "expiry", "rule_applied", "status_badge", "escalation")
+class ApprovalAdmin(CsvExportMixin, BusinessKeySearch, PolicyScopedAdmin):
+    list_display = ("amount", "order", "customer", "waiting", "expiry", "rule_applied", "status_badge", "assigned",
+                    "escalation")
     list_display_links = ("order",)  # the column says what the request is about, whatever the tool
-    list_select_related = ("run__session__owner", "tool_call", "decided_by")
-    list_filter = (QueueStatusFilter, "policy", EscalatedFilter)
+    list_select_related = ("run__session__owner", "tool_call", "decided_by", "assigned_to")
+    list_filter = (QueueStatusFilter, AssignedFilter, TierFilter, WaitedFilter, "policy", EscalatedFilter)
+    change_list_template = "admin/approvals_app/approval/change_list.html"
+    csv_exclude = ("decide",)  # buttons, not data
     search_help_text = "Order number or any tool argument, customer, session title, idempotency key, or an id."
     ordering = ("requested_at",)
-    actions = ("approve_selected", "reject_selected")
+    actions = ("approve_selected", "reject_selected", "assign_to_me", "assign_to", "unassign")
     list_per_page = 50
     show_full_result_count = False
     fieldsets = (
-        ("Decision", {"fields": ("status", "expiry", "rule_applied", "policy", "requested_at", "expires_at", "decided_by", "decided_at",
-                                 "note", "customer_message")}),
+        ("Decision", {"fields": ("status", "expires", "rule_applied", "policy", "requested_at", "assigned_to", "assigned_at",
+                                 "decided_by", "decided_at", "note", "customer_message")}),
         ("Service level", {"fields": ("notified_at", "reminded_at", "escalated_at", "escalated_to")}),
         ("What is asked", {"fields": ("tool", "arguments_pretty", "idempotency_key", "run_link", "session_link")}),
         ("Money over time", {"fields": ("limit_totals", "same_key_calls")}),
@@ -113,13 +123,15 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         ("Conversation (latest messages)", {"fields": ("conversation",)}),
     )
     readonly_fields = (
-        "expiry", "rule_applied", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
+        "expiry", "expires", "rule_applied", "tool", "arguments_pretty", "idempotency_key", "run_link", "session_link", "read_results", "conversation",
         "limit_totals", "same_key_calls",
     )
 
     def get_urls(self):
         wrap = self.admin_site.admin_view
         return [
+            path("saved-views/save/", wrap(saved_view_save_view), name="approvals_app_approval_view_save"),
+            path("saved-views/<int:saved_view_id>/delete/", wrap(saved_view_delete_view), name="approvals_app_approval_view_delete"),
             path("<path:object_id>/approve/", wrap(self.approve_view), name="approvals_app_approval_approve"),
             path("<path:object_id>/reject/", wrap(self.reject_view), name="approvals_app_approval_reject"),
             path("<path:object_id>/edit-arguments/", wrap(self.edit_view), name="approvals_app_approval_edit"),
@@ -144,10 +156,10 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         return access.can_see_approval(user=user, approval=obj)
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by")
+        return super().get_queryset(request).select_related("run__session__owner", "tool_call", "decided_by", "assigned_to")
 
     def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"title": "Approval queue", **(extra_context or {})})
+        return super().changelist_view(request, {"title": "Approval queue", **queue_context(request), **(extra_context or {})})
 
     def search_business_keys(self, queryset, term):
         return queryset.filter(run_id__in=run_ids_matching(term=term))
@@ -163,6 +175,11 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         }
         return super().change_view(request, object_id, form_url, extra_context)
 
+    def csv_columns(self, changelist):
+        # The file names people, never "you": it outlives the screen it came from.
+        return ["assigned" if getattr(column, "__name__", column) == "assigned" else column
+                for column in super().csv_columns(changelist)]
+
     def _decidable(self, request, approval: Approval) -> bool:
         return access.can_decide_approval(user=request.user, approval=approval)
 
@@ -177,6 +194,19 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     @admin.action(description="Reject selected requests…", permissions=["decide"])
     def reject_selected(self, request, queryset):
         return approvals_decide_action(self, request, queryset, decision="reject")
+
+    # Who has a request in hand (issue 29); only a decider assigns, and only to a decider of each.
+    @admin.action(description="Assign to me", permissions=["decide"])
+    def assign_to_me(self, request, queryset):
+        return assign_action(self, request, queryset, to_me=True)
+
+    @admin.action(description="Assign to…", permissions=["decide"])
+    def assign_to(self, request, queryset):
+        return assign_action(self, request, queryset)
+
+    @admin.action(description="Unassign", permissions=["decide"])
+    def unassign(self, request, queryset):
+        return assign_action(self, request, queryset, unassign=True)
 
     # --- columns ------------------------------------------------------------------------------
 
@@ -235,6 +265,11 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
     def expiry(self, obj):
         return countdown(obj.expires_at) if obj.status == ApprovalStatus.PENDING else "—"
 
+    # The request's page says its expiry once: the time left and when, or when it was due.
+    @admin.display(description="expires")
+    def expires(self, obj):
+        return expiry_line(obj.expires_at, pending=obj.status == ApprovalStatus.PENDING)
+
     # Not `rule`: that is the Approval's own field (the agent rule's text), shown inside this.
     @admin.display(description="rule")
     def rule_applied(self, obj):
@@ -246,6 +281,11 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
         if obj.required_approvals > 1 and obj.status == ApprovalStatus.PENDING:
             text += f" · {len(approval_approvers(approval=obj))} of {obj.required_approvals} approvals"
         return badge(text, f"approval-{obj.status}")
+
+    @admin.display(description="assigned")
+    def assigned(self, obj):
+        # Overridden per request in get_list_display ("you"); this is the name, for anyone else.
+        return obj.assigned_to.get_username() if obj.assigned_to_id else "—"
 
     @admin.display(description="escalation", ordering="escalated_at")
     def escalation(self, obj):
@@ -329,7 +369,11 @@ class ApprovalAdmin(BusinessKeySearch, PolicyScopedAdmin):
                 reverse("admin:approvals_app_approval_reject", args=[obj.pk]),
             )
 
-        return (decide, *self.list_display)
+        @admin.display(description="assigned")  # not sortable: the queue's width; the views filter by it
+        def assigned(obj):
+            return assignment_of(obj, request.user)
+
+        return (decide, *(assigned if name == "assigned" else name for name in self.list_display))
 
 
 def _message_text(message) -> str:
@@ -360,7 +404,7 @@ AUDIT_OBJECT_ADMIN = {
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(ReadOnlyAdmin):
+class AuditEntryAdmin(CsvExportMixin, ReadOnlyAdmin):
     """Every human decision, immutable (the database refuses UPDATE and DELETE too)."""
 
     list_display = ("created_at", "actor", "action", "object_link", "change_summary", "short_note")
@@ -401,3 +445,19 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     def after_pretty(self, obj):
         return pretty_json(obj.after)
 
+
+
+@admin.register(SavedView)
+class SavedViewAdmin(PolicyScopedAdmin):
+    """One's own saved views of the desk's lists (made and deleted on the queue); nobody sees another's."""
+
+    list_display = ("name", "link", "created_at")
+    list_display_links = None
+    ordering = ("name",)
+
+    def visible(self, user):
+        return SavedView.objects.filter(owner_id=user.pk)
+
+    @admin.display(description="list")
+    def link(self, obj):
+        return format_html('<a href="{}">{}</a>', obj.url, obj.url)

@@ -6,9 +6,11 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from tools_app.models import ToolEffect
 from tools_app.registry import tool_get
 
 
@@ -134,3 +136,115 @@ def table(headers: list[str], rows: list[tuple]) -> str:
         "", "<tr>{}</tr>", ((format_html_join("", "<td>{}</td>", ((cell,) for cell in row)),) for row in rows)
     )
     return format_html('<table class="desk-table"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, body)
+
+
+# --- what a decision about one write shows beside it (the approve, reject, record-outcome pages) ---
+
+def declared_fields(tool_call) -> list[tuple[str, str]]:
+    """The business fields the call's tool declares (Tool.amount and its currency, .reference,
+    .counterparty) and its business key, as (label, value) rows: "Amount", "25.00 USD"."""
+    tool = tool_get(tool_call.tool_name)
+    arguments = tool_call.arguments or {}
+    rows = []
+    if tool is not None and tool.amount is not None:
+        rows.append(("Amount", tool.money_text(arguments) or f"— ({tool.amount} is not an amount)"))
+    for what, name in (("Reference", getattr(tool, "reference", None)), ("Counterparty", getattr(tool, "counterparty", None))):
+        if name:
+            rows.append((f"{what} ({name})", str(arguments.get(name, "—"))))
+    if tool is not None and tool.effect == ToolEffect.WRITE:
+        rows.append(("Business key", tool_call.business_key or "none: deduplicated within its run only"))
+    return rows
+
+
+def _per_text(window) -> str:
+    return {"customer": "this customer", "agent": "this agent"}.get(window.per, f"{_argument_label(window.per)} {window.value}")
+
+
+def _sum_text(total, count, window) -> str:
+    parts = []
+    if window.max_amount is not None:
+        parts.append(f"{total} {window.currency or ''}".strip())
+    if window.max_count is not None or window.max_amount is None:
+        parts.append(f"{count} call{'' if count == 1 else 's'}")
+    return " · ".join(parts)
+
+
+def limit_windows_table(windows) -> str:
+    """The agent's limits on the call's tool (agents.selectors.tool_call_limit_windows): each
+    window's total now, before and with this call, against the limit, in the call's currency."""
+    if not windows:
+        return format_html('<p class="desk-muted">{}</p>', "No limit of the agent's counts this tool.")
+    rows = []
+    for window in windows:
+        limit = " · ".join(filter(None, [f"{window.max_amount} {window.currency or ''}".strip() if window.max_amount else "",
+                                         f"{window.max_count} calls" if window.max_count else ""]))
+        state = (format_html('<strong class="desk-over">over: {}</strong>', window.over or "refuse") if window.crossed
+                 else "within")
+        rows.append((window.window, _per_text(window), _sum_text(window.others_total, window.others_count, window),
+                     format_html('<span class="desk-amount">{}</span>', _sum_text(window.total, window.count, window)),
+                     limit, state))
+    return labelled_table(["window", "per", "before this call", "with this call", "limit", "state"], rows)
+
+
+def same_key_table(calls, *, business_key: str) -> str:
+    """The other calls that asked for the same business key, with where they are."""
+    if not business_key:
+        return format_html('<p class="desk-muted">{}</p>', "This tool has no business key.")
+    if not calls:
+        return format_html('<p class="desk-muted">{}</p>', "No other call asked for it: this is the first.")
+    return labelled_table(
+        ["call", "run", "status", "created"],
+        [(format_html('<a href="{}">{}</a>', reverse("admin:tools_app_toolcall_change", args=[c.pk]), str(c.pk)[:8]),
+          format_html('<a href="{}">{}</a>', reverse("admin:runs_app_run_change", args=[c.run_id]), str(c.run_id)[:8]),
+          badge(c.status + (" (answered by an earlier call)" if c.reused_from_id else ""), f"call-{c.status}"),
+          age(c.created_at) + " ago")
+         for c in calls],
+    )
+
+
+def message_text(message, limit: int = 500) -> str:
+    """One message in words: its text, and the tools an assistant message asks for."""
+    text = message.content if len(message.content) <= limit else message.content[:limit - 1] + "…"
+    if message.tool_calls:
+        asked = format_html_join(", ", "{}({})", ((c.get("name"), c.get("arguments")) for c in message.tool_calls))
+        return format_html("{} <em>asks for</em> {}", text, asked)
+    return text
+
+
+def conversation_table(messages) -> str:
+    if not messages:
+        return format_html('<p class="desk-muted">{}</p>', "No messages.")
+    return labelled_table(
+        ["#", "who", "said", "when"],
+        [(m.seq, m.role + (f" ({m.tool_name})" if m.tool_name else ""), message_text(m), age(m.created_at) + " ago")
+         for m in messages],
+    )
+
+
+def read_results_table(calls) -> str:
+    if not calls:
+        return format_html('<p class="desk-muted">{}</p>', "No read tool ran in this run.")
+    return labelled_table(["tool", "arguments", "result"],
+                 [(call.tool_name, compact_arguments(call.arguments), pretty_json(call.result)) for call in calls])
+
+
+def expiry_line(expires_at: datetime | None, *, pending: bool, now: datetime | None = None) -> str:
+    """An approval's expiry on one line: the time left and when, while it waits; when it was due,
+    once decided (or when it expired)."""
+    if expires_at is None:
+        return "never"
+    when = timezone.localtime(expires_at).strftime("%d %b %Y %H:%M %Z")
+    if pending:
+        return format_html('{} <span class="desk-muted">({})</span>', countdown(expires_at, now), when)
+    if expires_at <= (now or timezone.now()):
+        return f"{when} (passed)"
+    return f"was due by {when}"
+
+
+def labelled_table(headers: list[str], rows: list[tuple]) -> str:
+    """table(), each cell naming its column (data-label): on a phone a row becomes a card, each
+    value under its label."""
+    head = format_html_join("", "<th>{}</th>", ((h,) for h in headers))
+    body = format_html_join("", "<tr>{}</tr>", (
+        (format_html_join("", '<td data-label="{}">{}</td>', zip(headers, row)),) for row in rows))
+    return format_html('<table class="desk-table desk-labelled"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, body)

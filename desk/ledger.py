@@ -8,11 +8,12 @@ from django.contrib import admin
 from access import policy as access
 from approvals_app.models import LedgerEntry
 from desk.base import EstimatedCountPaginator, ReadOnlyAdmin
+from desk.export import CsvExportMixin
 from desk.display import pretty_json
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(ReadOnlyAdmin):
+class LedgerEntryAdmin(CsvExportMixin, ReadOnlyAdmin):
     list_display = ("seq", "created_at", "kind", "actor", "subject", "short_hash")
     list_filter = ("kind", "created_at")
     search_fields = ("=subject", "=actor", "=hash")

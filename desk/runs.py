@@ -15,6 +15,7 @@ from django.utils.html import format_html
 from desk.display import badge, compact_arguments, cost_text, duration_of, pretty_json, table
 from approvals_app.models import Approval
 from desk.base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin, ReadOnlyInline
+from desk.export import CsvExportMixin
 from desk.run_views import run_cancel_view, runs_cancel_action, runs_retry_action
 from runs_app.events import RunEventType
 from runs_app.models import NOT_TAKEN_EFFECT, ContextSummary, Run, RunEvent, RunOutcome, Step
@@ -102,7 +103,7 @@ class OutcomeFilter(admin.SimpleListFilter):
 
 
 @admin.register(Run)
-class RunAdmin(BusinessKeySearch, PolicyScopedAdmin):
+class RunAdmin(CsvExportMixin, BusinessKeySearch, PolicyScopedAdmin):
     list_display = ("short_id", "customer", "session_title", "state", "outcome_badge", "duration", "tokens_used", "cost",
                     "created")
     list_display_links = ("short_id",)

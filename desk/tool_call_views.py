@@ -13,6 +13,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from desk.decision_facts import call_facts
 from desk.display import compact_arguments, pretty_json
 from config.errors import WardenError
 from engine.actions.reconciliation import tool_call_reconcile_auto, tool_call_resolve
@@ -147,6 +148,7 @@ def tool_call_resolve_view(request, *, model_admin, object_id: str):
         "call": call,
         "arguments": pretty_json(call.arguments),
         "arguments_summary": compact_arguments(call.arguments),
+        "facts": call_facts(tool_call=call),
         "form": form,
         "refusal": refusal,
         "change_url": reverse("admin:tools_app_unknowntoolcall_change", args=[call.pk]),

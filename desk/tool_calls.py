@@ -12,6 +12,7 @@ from django.utils.html import format_html
 
 from desk.display import age, amount_of, badge, compact_arguments, pretty_json, waited
 from desk.base import BusinessKeySearch, EstimatedCountPaginator, PolicyScopedAdmin
+from desk.export import CsvExportMixin
 from tools_app.selectors import SEARCH_LIMIT, run_ids_matching
 from access import policy as access
 from desk.tool_call_views import query_downstream, tool_call_query_view, tool_call_resolve_view
@@ -43,7 +44,7 @@ class WriteToolNameFilter(ToolNameFilter):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(BusinessKeySearch, PolicyScopedAdmin):
+class ToolCallAdmin(CsvExportMixin, BusinessKeySearch, PolicyScopedAdmin):
     list_display = ("short_id", "tool_name", "arguments_summary", "status_badge", "customer", "attempts", "created_at")
     list_display_links = ("short_id",)
     list_select_related = ("run__session__owner",)
@@ -109,6 +110,7 @@ class UnknownToolCallAdmin(ToolCallAdmin):
     list_filter = (WriteToolNameFilter,)
     ordering = ("finished_at", "created_at")
     actions = ("query_downstream_now",)
+    csv_exclude = ("record",)  # the button, not data
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(status=ToolCallStatus.UNKNOWN)

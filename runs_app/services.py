@@ -18,7 +18,7 @@ class BudgetOverCap:
     field: str  # as requested: max_model_calls, max_tokens or deadline_seconds
     requested: int
     cap: int
-    setting: str  # the setting (environment variable) that holds the cap
+    cap_name: str  # the cap in words: "the cap WARDEN_TOKENS_CAP", "the agent Payout clerk v1's budget_limits cap"
 
 
 class RunBudgetsOverCap(WardenError):
@@ -28,10 +28,10 @@ class RunBudgetsOverCap(WardenError):
         self.over = over
         super().__init__(
             RunRefusal.BUDGET_OVER_CAP,
-            "; ".join(f"budgets.{o.field} may be at most {o.cap} (the cap {o.setting}), not {o.requested}" for o in over)
+            "; ".join(f"budgets.{o.field} may be at most {o.cap} ({o.cap_name}), not {o.requested}" for o in over)
             + ". Going above a cap needs the runs_app.exceed_budget_caps permission.",
             fields=[{"field": f"body.budgets.{o.field}", "type": RunRefusal.BUDGET_OVER_CAP.value,
-                     "message": f"at most {o.cap} (the cap {o.setting}) without the runs_app.exceed_budget_caps permission"}
+                     "message": f"at most {o.cap} ({o.cap_name}) without the runs_app.exceed_budget_caps permission"}
                     for o in over],
         )
 
@@ -44,15 +44,15 @@ def run_budgets_over_caps(*, budgets: dict[str, Any], agent_version=None) -> lis
     if requested["deadline_seconds"] is None and budgets.get("deadline") is not None:
         requested["deadline_seconds"] = int((budgets["deadline"] - timezone.now()).total_seconds())
     caps = {
-        "max_model_calls": (settings.WARDEN_MODEL_CALLS_CAP, "WARDEN_MODEL_CALLS_CAP"),
-        "max_tokens": (settings.WARDEN_TOKENS_CAP, "WARDEN_TOKENS_CAP"),
-        "deadline_seconds": (settings.WARDEN_DEADLINE_CAP_SECONDS, "WARDEN_DEADLINE_CAP_SECONDS"),
+        "max_model_calls": (settings.WARDEN_MODEL_CALLS_CAP, "the cap WARDEN_MODEL_CALLS_CAP"),
+        "max_tokens": (settings.WARDEN_TOKENS_CAP, "the cap WARDEN_TOKENS_CAP"),
+        "deadline_seconds": (settings.WARDEN_DEADLINE_CAP_SECONDS, "the cap WARDEN_DEADLINE_CAP_SECONDS"),
     }
     for field, limit in ((agent_version.budget_limits or {}) if agent_version is not None else {}).items():
         if field in caps and limit < caps[field][0]:
-            caps[field] = (limit, f"the budget_limits of agent {agent_version.name} v{agent_version.number}")
+            caps[field] = (limit, f"the agent {agent_version.name} v{agent_version.number}'s budget_limits cap")
     return [
-        BudgetOverCap(field=field, requested=value, cap=caps[field][0], setting=caps[field][1])
+        BudgetOverCap(field=field, requested=value, cap=caps[field][0], cap_name=caps[field][1])
         for field, value in requested.items()
         if value is not None and value > caps[field][0]
     ]

@@ -94,8 +94,13 @@ class InputDisposition(models.TextChoices):
     """What became of a pending input once a run read it."""
 
     SUPPLEMENTED = "supplemented"  # joined the active run's history
-    NEW_RUN = "new_run"  # started a run of its own (after an intent switch or from the queue)
-    DISCARDED = "discarded"  # the session's user withdrew it
+    # Started a run of its own (after an intent switch or from the queue), or — once held — was sent
+    # as a new request by its user (queued again, as a new input, when another run was active).
+    NEW_RUN = "new_run"
+    DISCARDED = "discarded"  # the session's user withdrew it ("Drop it", once held)
+    # Meant for a run that was cancelled before reading it: kept out of every run until the
+    # session's user chooses (send it as a new request, or drop it), never started out of context.
+    HELD = "held"
 
 
 class PendingInput(models.Model):
@@ -119,6 +124,12 @@ class PendingInput(models.Model):
         Message, null=True, blank=True, on_delete=models.PROTECT, related_name="pending_input"
     )
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    # Set when the input was held (disposition `held`), and kept after the user's choice: the
+    # cancelled run it was meant for, and why it was held, in words the customer reads.
+    held_from = models.ForeignKey(
+        "runs_app.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="held_inputs"
+    )
+    held_reason = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["session", "id"]
@@ -136,6 +147,10 @@ class PendingInput(models.Model):
                 condition=(Q(consumed_at__isnull=True) & Q(disposition=""))
                 | (Q(consumed_at__isnull=False) & ~Q(disposition="")),
                 name="pending_input_consumed_has_disposition",
+            ),
+            models.CheckConstraint(
+                condition=~Q(disposition=InputDisposition.HELD) | (Q(held_from__isnull=False) & ~Q(held_reason="")),
+                name="pending_input_held_says_why",
             ),
         ]
 

@@ -9,7 +9,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 
 from config.pagination import keyset_page
 from runs_app.models import ACTIVE_STATUSES, Run
-from sessions_app.models import Message, PendingInput, Session
+from sessions_app.models import InputDisposition, InputMode, Message, PendingInput, Session
 
 
 def _with_active_run(queryset: QuerySet[Session]) -> QuerySet[Session]:
@@ -41,6 +41,27 @@ def message_list_latest(*, session: Session, limit: int) -> list[Message]:
 def pending_input_list(*, session: Session) -> list[PendingInput]:
     """Input waiting for a run to read it (unconsumed), in arrival order."""
     return list(PendingInput.objects.filter(session_id=session.pk, consumed_at__isnull=True).order_by("id"))
+
+
+def held_input_list(*, session: Session) -> list[PendingInput]:
+    """Input held when the run it was meant for was cancelled, waiting for the session's user to
+    send it as a new request or drop it, in arrival order."""
+    return list(PendingInput.objects.filter(session_id=session.pk, disposition=InputDisposition.HELD).order_by("id"))
+
+
+def pending_inputs_meant_for_the_active_run(*, session_id) -> list[PendingInput]:
+    """The unconsumed input that was meant for the session's active run: supplements, and `auto`
+    input nobody classified yet (the run never read it) — up to the first intent switch, after
+    which input goes with the new request. A queued new request is nobody's supplement. Read
+    under the session's lock (run_end), so nothing is posted meanwhile."""
+    meant = []
+    for item in PendingInput.objects.filter(session_id=session_id, consumed_at__isnull=True).order_by("id"):
+        mode = item.resolved_mode or item.mode
+        if mode == InputMode.NEW_INTENT:
+            break
+        if mode in (InputMode.SUPPLEMENT, InputMode.AUTO):
+            meant.append(item)
+    return meant
 
 
 @dataclass(frozen=True)

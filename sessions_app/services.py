@@ -3,11 +3,12 @@ may start or steer a run, is the orchestration layer's (engine/actions/messages.
 
 from django.db import connection
 from django.db.models import Subquery
+from django.utils import timezone
 
 from config.errors import WardenError
 from runs_app.models import Run
 from sessions_app.errors import SessionRefusal
-from sessions_app.models import InputMode, Message, Session
+from sessions_app.models import InputDisposition, InputMode, Message, PendingInput, Session
 
 # The longest message a user may post (API, console page and socket alike).
 MAX_MESSAGE_CHARS = 20_000
@@ -71,3 +72,39 @@ def session_lock_of_run(*, run_id) -> None:
     only the run: the ledger's outcome of a write, approvals_app.ledger)."""
     runs = Run.objects.filter(pk=run_id).values("session_id")
     Session.objects.select_for_update(no_key=True).filter(pk=Subquery(runs)).values_list("pk").get()
+
+
+# Why an input is held, as the customer reads it (PendingInput.held_reason).
+HELD_BECAUSE_CANCELLED = "its run was cancelled"
+
+
+def pending_inputs_hold(*, pending_ids: list[int], run_id, reason: str = HELD_BECAUSE_CANCELLED) -> int:
+    """Take input meant for run `run_id` (which ended without reading it) out of the queue, held
+    for the session's user to choose what becomes of it; no run starts from it. The caller holds
+    the session's lock. Returns how many were held (input consumed meanwhile is left alone)."""
+    return PendingInput.objects.filter(pk__in=pending_ids, consumed_at__isnull=True).update(
+        consumed_at=timezone.now(), disposition=InputDisposition.HELD, held_from_id=run_id, held_reason=reason[:200],
+    )
+
+
+def held_input_lock(*, pending_id) -> PendingInput | None:
+    """The input, row-locked, while it is still held (None once sent or dropped). The caller
+    holds the session's lock first (session_lock)."""
+    return PendingInput.objects.select_for_update(no_key=True).filter(pk=pending_id, disposition=InputDisposition.HELD).first()
+
+
+def held_input_sent(*, pending: PendingInput, run_id=None, message: Message | None = None) -> bool:
+    """The user sent the held input as a new request: it started run `run_id` as `message`, or —
+    another run being active — was posted again as a queued request (a new pending input, after
+    the ones already waiting), and this one is done with."""
+    return bool(PendingInput.objects.filter(pk=pending.pk, disposition=InputDisposition.HELD).update(
+        consumed_at=timezone.now(), consumed_by_id=run_id, disposition=InputDisposition.NEW_RUN,
+        resolved_mode=InputMode.QUEUE, message=message,
+    ))
+
+
+def held_input_drop(*, pending: PendingInput) -> bool:
+    """The user dropped the held input: it stays in the session's record as discarded."""
+    return bool(PendingInput.objects.filter(pk=pending.pk, disposition=InputDisposition.HELD).update(
+        consumed_at=timezone.now(), disposition=InputDisposition.DISCARDED,
+    ))

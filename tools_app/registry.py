@@ -93,6 +93,11 @@ class Tool:
     # Writes: who the arguments' counterparty and reference are, for the desk's queue columns.
     counterparty: str | None = None
     reference: str | None = None
+    # What a succeeded call came to, in one line for the customer's console (docs/EXTENDING.md,
+    # "Result summaries"): a format string over the call's arguments and result ("Refunded
+    # {amount} {currency}, ref {refund_id}") or a function (arguments, result) -> str. A summary
+    # that cannot be written (a missing field, an exception) falls back to the general words.
+    summary: str | Callable[[dict, dict], str] | None = None
     extra: dict = field(default_factory=dict)
 
     def money_of(self, arguments: dict | None) -> tuple[Decimal | None, str | None]:
@@ -114,6 +119,24 @@ class Tool:
         """"9.00 EUR": how every surface shows a call's amount (None for a tool that declares none)."""
         amount, currency = self.money_of(arguments)
         return None if amount is None else f"{amount} {currency or ''}".strip()
+
+    def summary_text(self, arguments: dict | None, result: Any) -> str | None:
+        """The one-line business result of a succeeded call, as the tool declares it; None when it
+        declares none or the declaration cannot be filled in from this call."""
+        if self.summary is None:
+            return None
+        arguments = arguments if isinstance(arguments, dict) else {}
+        result_fields = result if isinstance(result, dict) else {}
+        try:
+            if callable(self.summary):
+                text = self.summary(arguments, result)
+            else:
+                # The result's fields win over the arguments' (what happened over what was asked).
+                text = self.summary.format_map({**arguments, **result_fields})
+        except Exception:  # noqa: BLE001 - a summary is a courtesy: the card falls back to plain words
+            return None
+        text = " ".join(str(text or "").split())
+        return text[:SUMMARY_MAX_CHARS] or None
 
     def openai_schema(self) -> dict:
         return {
@@ -147,6 +170,8 @@ class Tool:
         return f"{self.name}:{digest}"
 
 
+# A result summary is one line on a card.
+SUMMARY_MAX_CHARS = 200
 # Keys live in a 200-character column; a retried write's key gets ":retry<n>" after it.
 BUSINESS_KEY_MAX = 180
 
@@ -170,6 +195,8 @@ def tool_register(tool: Tool) -> Tool:
         raise ValueError(f"tool {tool.name}: a fixed currency or a currency argument, not both")
     if tool.currency is not None and not (len(tool.currency) == 3 and tool.currency.isalpha() and tool.currency.isupper()):
         raise ValueError(f"tool {tool.name}: currency is a three-letter code such as \"EUR\"")
+    if tool.summary is not None and not (isinstance(tool.summary, str) or callable(tool.summary)):
+        raise ValueError(f"tool {tool.name}: summary is a format string or a function (arguments, result) -> str")
     global _SCHEMAS
     _REGISTRY[tool.name] = tool
     _SCHEMAS = None

@@ -18,6 +18,7 @@ from approvals_app.links import why_link_unusable
 from approvals_app.models import Approval, ApprovalDecision, ApprovalLink, ApprovalPolicy, ApprovalStatus, LinkStage
 from approvals_app.services import (
     approval_approvers,
+    approval_assignment_set,
     approval_create,
     approval_decision_record,
     approval_event_payload,
@@ -391,3 +392,44 @@ def approval_escalate(*, approval: Approval, group: str, after: str) -> bool:
             "escalate_after": after, "tool": approval.tool_call.tool_name, "arguments": approval.tool_call.arguments,
         })])
     return True
+
+
+NO_ASSIGN_PERMISSION = "Assigning requests needs the approvals_app.decide_approval permission."
+
+
+def approval_assign(*, approvals, assignee, acting_user) -> list[Approval]:
+    """Put pending requests in `assignee`'s hands (None: back in nobody's), for the team on shift
+    (issue 29). Only someone who may decide operator requests assigns; the assignee must be someone
+    who may decide each of them — four eyes and quorums included, asked of the access policy — so a
+    request is never handed to a person who could not act on it. All or nothing, in one transaction:
+    a refusal names the request and why. Each change is audited (`assign` / `unassign`); a request
+    already in those hands is left as it is. Returns the requests that changed."""
+    if not access.operator_powers(acting_user)["decide_operator_approvals"]:
+        raise WardenError(ApprovalRefusal.NOT_PERMITTED, NO_ASSIGN_PERMISSION)
+    ids = sorted(approval.pk for approval in approvals)
+    changed = []
+    with transaction.atomic():
+        # One row lock each, in one order, so two operators assigning overlapping selections take turns.
+        locked = list(Approval.objects.select_for_update(no_key=True, of=("self",))
+                      .select_related("run__session", "tool_call", "assigned_to").filter(pk__in=ids).order_by("pk"))
+        if len(locked) != len(ids):
+            raise WardenError(ApprovalRefusal.NOT_PERMITTED, "Some of these requests do not exist (any more).")
+        for approval in locked:
+            label = f"{approval.tool_call.tool_name} requested {_ago(approval.requested_at)}"
+            if not access.can_see_approval(user=acting_user, approval=approval):
+                raise WardenError(ApprovalRefusal.NOT_PERMITTED, f"You may not see the request {approval.pk}.")
+            if approval.status != ApprovalStatus.PENDING:
+                raise WardenError(ApprovalRefusal.ALREADY_DECIDED,
+                                  f"{label} is already {approval.status}: only a pending request is assigned.")
+            if assignee is not None and (refusal := access.why_not_a_decider(user=assignee, approval=approval)):
+                who = "you" if assignee.pk == acting_user.pk else assignee.get_username()
+                raise WardenError(ApprovalRefusal.NOT_PERMITTED, f"Not assigned to {who}: {label} — {refusal}")
+            if approval.assigned_to_id == (assignee.pk if assignee is not None else None):
+                continue
+            before = {"assigned_to": approval.assigned_to.get_username() if approval.assigned_to_id else None}
+            approval_assignment_set(approval=approval, assignee=assignee)
+            audit_record(actor=acting_user, action="assign" if assignee is not None else "unassign", obj=approval,
+                         run_id=approval.run_id, before=before,
+                         after={"assigned_to": assignee.get_username() if assignee is not None else None})
+            changed.append(approval)
+    return changed

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from access import policy as access
+from approvals_app.services import audit_record
+from config.errors import WardenError
 from agents.selectors import agent_current_version
 from engine.actions.cancel import run_cancel_request
 from engine.actions.runs import run_resume, run_start
@@ -12,8 +14,12 @@ from engine.state import input_resolve, run_event_append, run_row_lock, tool_cal
 from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, Run, RunStatus, WaitReason
 from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps
-from sessions_app.models import InputMode, Message, MessageRole, PendingInput, Session
-from sessions_app.services import message_text_checked, messages_append, session_lock
+from sessions_app.models import InputDisposition, InputMode, Message, MessageRole, PendingInput, Session
+from sessions_app.errors import SessionRefusal
+from sessions_app.services import (
+    held_input_drop as held_input_drop_record, held_input_lock, held_input_sent, message_text_checked, messages_append,
+    session_lock,
+)
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.services import tool_call_event, tool_call_message
 
@@ -67,6 +73,43 @@ def message_post(
             input_resolve(pending_id=pending.pk, mode=InputMode.NEW_INTENT)
             run_cancel_request(run=active, acting_user=acting_user, reason=f"intent switch: {content[:200]}")
         return PostResult(disposition="pending", run=active, pending_input=pending)
+
+
+def held_input_send(*, pending: PendingInput, acting_user) -> PostResult:
+    """The user chose to send input held from a cancelled run as a new request: posted again as
+    a queued request through message_post — it starts a run now, or waits for the active one to
+    end — and the held input records it. Audited. Refused (409) once sent or dropped."""
+    with transaction.atomic():
+        session_lock(session_id=pending.session_id)
+        held = _held(pending)
+        session = Session.objects.get(pk=held.session_id)
+        result = message_post(session=session, content=held.content, mode=InputMode.QUEUE, acting_user=acting_user)
+        started = result.disposition == "started_run"
+        held_input_sent(pending=held, run_id=result.run.id if started else None, message=result.message if started else None)
+        audit_record(actor=acting_user, action="input_send", obj=held, run_id=held.held_from_id,
+                     before={"disposition": InputDisposition.HELD},
+                     after={"disposition": InputDisposition.NEW_RUN, "run": str(result.run.id), "started": started})
+    return result
+
+
+def held_input_drop(*, pending: PendingInput, acting_user) -> PendingInput:
+    """The user chose to drop input held from a cancelled run: nothing starts, and the input stays
+    in the session's record as discarded. Audited. Refused (409) once sent or dropped."""
+    with transaction.atomic():
+        session_lock(session_id=pending.session_id)
+        held = _held(pending)
+        held_input_drop_record(pending=held)
+        audit_record(actor=acting_user, action="input_drop", obj=held, run_id=held.held_from_id,
+                     before={"disposition": InputDisposition.HELD}, after={"disposition": InputDisposition.DISCARDED})
+    held.refresh_from_db()
+    return held
+
+
+def _held(pending: PendingInput) -> PendingInput:
+    held = held_input_lock(pending_id=pending.pk)
+    if held is None:
+        raise WardenError(SessionRefusal.INPUT_NOT_HELD, "This input was already sent or dropped.")
+    return held
 
 
 def _answer(*, run: Run, content: str) -> Message | None:

@@ -24,7 +24,8 @@ from runs_app.events import RunEventType
 from runs_app.models import ACTIVE_STATUSES, DEADLINE_PAUSED_WAITS, TERMINAL_STATUSES, Run, RunStatus, Step, StepStatus
 from runs_app.services import RunBudgetsOverCap, run_budgets_over_caps
 from sessions_app.models import InputDisposition, Message, MessageRole, PendingInput, Session
-from sessions_app.services import messages_append, session_create, session_lock
+from sessions_app.selectors import pending_inputs_meant_for_the_active_run
+from sessions_app.services import messages_append, pending_inputs_hold, session_create, session_lock
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.selectors import applied_effects, writes_in_doubt
 from tools_app.services import tool_call_message
@@ -171,7 +172,9 @@ def run_end(
     the session's lock (taken before the run's row, as posting input takes it, so input posted
     at this moment either sees the run ended or is seen here), everything that will never start
     closed (a failed or cancelled run), the terminal transition with the writes that took
-    effect, and the next run started from pending input. False when the run had already moved
+    effect, and the next run started from pending input. Input meant for a cancelled run (its
+    supplements) is held for its user to choose — send it as a new request or drop it — never
+    started out of context; queued requests and an intent switch start as before. False when the run had already moved
     on (someone else ended it, or the lease is gone without `lease_token`). The run's outcome
     (tools_app.selectors.run_outcome) is stored with the terminal status and told in its event."""
     if to not in TERMINAL_STATUSES:
@@ -187,12 +190,19 @@ def run_end(
             payload["applied_effects"] = applied_effects(run_id=run.id)
         if to == RunStatus.FAILED:
             values |= {"error_code": error_code, "error_detail": error_detail[:2000]}
+        held: list[int] = []
         if to == RunStatus.CANCELLED:
             payload["reason"] = run.cancel_reason
+            # Read under the session's lock: no input can be posted between this and the hold.
+            held = [item.pk for item in pending_inputs_meant_for_the_active_run(session_id=run.session_id)]
+            if held:
+                payload["held_inputs"] = held
         run_ending_outcome(values, payload, outcome=run_outcome(run_id=run.id))
         ended = run_transition(run=run, to=to, lease_token=lease_token, event_payload=payload,
                                events_before=events_before, **values)
         if ended:
+            if held:
+                pending_inputs_hold(pending_ids=held, run_id=run.id)
             run_start_next(session_id=run.session_id)
     return ended
 

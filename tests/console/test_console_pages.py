@@ -119,7 +119,7 @@ def test_a_waiting_refund_shows_tool_cards_and_waiting_for_an_operator():
     assert "Waiting for an operator to approve this." in html
     assert "/admin/approvals_app/approval/" not in html  # the customer gets no admin link
     assert f'data-approval="{approval.pk}"' in html and "decide-form" not in html
-    assert "<svg" in html and "waiting: approval" in html and "executing tools" in html
+    assert "<svg" in html and "waiting for approval" in html and "running tools" in html
 
     staff_html = page(client_for(operator), f"/console/sessions/{session.pk}/")
     assert 'href="/admin/approvals_app/approval/"' in staff_html

@@ -262,7 +262,7 @@ def test_bulk_reject_decides_each_request_on_its_own_and_skips_what_the_viewer_m
         "action": "reject_selected", "_selected_action": selected, "confirm": "yes", "note": "duplicate requests",
         "csrfmiddlewaretoken": csrf_token_of(confirm),
     }, follow=True)
-    assert any(m.startswith("2 request(s)") for m in messages_of(response)), messages_of(response)
+    assert any(m.startswith("2 requests — ") for m in messages_of(response)), messages_of(response)
     assert any("Four eyes" in m for m in messages_of(response))
     statuses = dict(Approval.objects.filter(pk__in=selected).values_list("pk", "status"))
     assert statuses == {pending_refund.approval.pk: "rejected", own.pk: "pending", other.pk: "rejected"}

@@ -228,6 +228,7 @@ def test_typing_while_busy_offers_the_modes_and_cancel_stops_the_run(console_ser
     assert "queue" in page.inner_text('[data-role="pending-inputs"]')
     first = Run.objects.get(session_id=session_id)
     page.click(f'section#run-{first.pk} [data-role="cancel"]')
+    page.click(f'section#run-{first.pk} [data-role="cancel-yes"]')  # the confirmation first (issue 29)
     page.wait_for_selector(f'section#run-{first.pk}[data-status="cancelled"]')
     # The status comes with the event; the final state (effects) as the server renders it, just after.
     page.wait_for_selector(f'section#run-{first.pk} [data-role="effects"]')

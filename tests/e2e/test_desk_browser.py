@@ -139,7 +139,7 @@ def test_the_desk_at_1280_and_390_queue_search_dashboard_and_a_bulk_approval(liv
     screenshot(page, "desk-bulk-approve-confirmation", "desktop")
     page.click("#confirm-decision")
     page.wait_for_selector("ul.messagelist")
-    assert "3 request(s)" in page.inner_text("ul.messagelist")
+    assert "3 requests — Approved" in page.inner_text("ul.messagelist")
     screenshot(page, "desk-bulk-approved", "desktop")
 
     wait_for(lambda: Run.objects.filter(pk__in=[r.pk for r in runs], status=RunStatus.COMPLETED).count() == 3,

@@ -11,11 +11,13 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals_app.models import Approval
+from engine.actions.agents import agent_save
 from engine.actions.sessions import session_open
 from runs_app.models import Run, RunStatus, StepKind, StepStatus
 from sessions_app.models import Message, MessageRole
 from sessions_app.services import messages_append
-from tests.support.factories import RunFactory, StepFactory, ToolCallFactory, UserFactory
+from tests.support.api import grant
+from tests.support.factories import RunFactory, SessionFactory, StepFactory, ToolCallFactory, UserFactory
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 
 ORDER = {"order_id": "9527", "user_id": "u1", "amount": "25.00", "currency": "USD", "status": "delivered",
@@ -88,3 +90,40 @@ def refund_scene(*, owner, wait_reason: str, refund_status: str) -> RefundScene:
                     tool_calls=[{"id": "call_r", "name": "execute_refund", "arguments": '{"order_id": "9527", "amount": "25.00"}'}]),
         ])
     return RefundScene(run=run, query=query, refund=refund)
+
+
+# --- a refund with a history: the agent's limits and the same business key asked for before (issue 29) ---
+
+REFUND_KEY = "execute_refund:refund:9527:25.00"
+REFUND_LIMITS = {"execute_refund": [
+    {"window": "24h", "per": "customer", "max_amount": "30.00", "over": "operator"},
+    {"window": "1h", "per": "customer", "max_count": 5, "over": "refuse"},
+]}
+
+
+def refund_clerk(*, by, limits=None, budget_limits=None):
+    """The demo's refund tools under an agent: its limits and budget maxima as given."""
+    return agent_save(acting_user=grant(by, ("agents", "change_agent")), definition={
+        "name": "Refund clerk", "slug": "refund-clerk", "instructions": "Refund what is eligible.", "provider": "scripted",
+        "tools": ["query_order", "execute_refund"], "limits": limits or {}, "budget_limits": budget_limits or {},
+    })
+
+
+def refund_scene_with_history(*, owner, version, wait_reason: str, refund_status: str) -> RefundScene:
+    """refund_scene, run by `version`'s agent, its refund holding its business key; earlier today the
+    same customer had 10.00 USD refunded (order 9400, `scene.earlier`), and another run already asked
+    for this very refund and failed (`scene.same_key`)."""
+    scene = refund_scene(owner=owner, wait_reason=wait_reason, refund_status=refund_status)
+    Run.objects.filter(pk=scene.run.pk).update(agent_version=version)
+    ToolCall.objects.filter(pk=scene.refund.pk).update(business_key=REFUND_KEY)
+    scene.refund.refresh_from_db()
+    calls = []
+    for arguments, status, key in (({"order_id": "9400", "amount": "10.00"}, ToolCallStatus.SUCCEEDED, "execute_refund:refund:9400:10.00"),
+                                   ({"order_id": "9527", "amount": "25.00"}, ToolCallStatus.FAILED, REFUND_KEY)):
+        run = RunFactory(session=SessionFactory(owner=owner), status=RunStatus.COMPLETED, phase="", finished_at=timezone.now(),
+                         agent_version=version)
+        calls.append(ToolCallFactory(run=run, step=StepFactory(run=run, kind=StepKind.TOOLS), tool_name="execute_refund",
+                                     effect=ToolEffect.WRITE, arguments=arguments, status=status, finished_at=timezone.now(),
+                                     business_key=key))
+    scene.earlier, scene.same_key = calls
+    return scene

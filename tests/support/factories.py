@@ -434,3 +434,14 @@ class SimWebhookReceiptFactory(factory.django.DjangoModelFactory):
     kind = "approval.requested"
     body = '{"type": "approval.requested"}'
     signature_valid = True
+
+
+class SavedViewFactory(factory.django.DjangoModelFactory):
+    """One operator's saved view of a desk list (engine.actions.desk_lists.saved_view_save saves real ones)."""
+
+    class Meta:
+        model = "approvals_app.SavedView"
+
+    owner = factory.SubFactory(UserFactory)
+    name = factory.Sequence(lambda n: f"view {n}")
+    url = "/admin/approvals_app/approval/?assigned=mine"

@@ -15,6 +15,14 @@
   var TOOL_STATUS_LABELS = {
     pending: "waiting", running: "in progress", succeeded: "done", failed: "failed", unknown: "checking", cancelled: "not done",
   };
+  // A run's one badge (as presenters.run_badge_label says): what it does, waits for, or came to.
+  var PHASE_LABELS = { preparing_context: "preparing", calling_model: "thinking", executing_tools: "running tools", waiting_worker: "queued" };
+  var WAIT_LABELS = {
+    waiting_input: "waiting for your answer", approval: "waiting for approval", retry_backoff: "retrying shortly",
+    reconciliation: "checking the outcome", frozen: "paused by a freeze",
+  };
+  var OUTCOME_LABELS = { applied: "done", not_applied: "not done", rejected: "declined", expired: "expired" };
+  var ASK_USER = "ask_user";
   var announcer = document.querySelector('[data-role="announcer"]');
   var layout = document.querySelector("[data-states-url]");
   setUpSidebar();
@@ -68,12 +76,11 @@
     return template.replace(ZERO, id);
   }
 
-  function stateLabel(p) {
-    if (p.status === "running" && p.phase) return p.phase.replace(/_/g, " ");
-    if (p.status === "waiting" && p.wait_reason === "waiting_input") return "waiting for your answer";
-    if (p.status === "waiting" && p.wait_reason) return "for " + p.wait_reason.replace(/_/g, " ");
-    if (p.status === "queued") return "waiting for a worker";
-    return "";
+  function badgeLabel(p) {
+    if (p.status === "running") return PHASE_LABELS[p.phase] || "running";
+    if (p.status === "waiting") return WAIT_LABELS[p.wait_reason] || "waiting";
+    if (p.status === "completed") return OUTCOME_LABELS[p.outcome] || "completed";
+    return p.status || "";
   }
 
   function showError(message) {
@@ -188,6 +195,7 @@
           if (hint) hint.remove();
           runsBox.appendChild(section);
         }
+        section.querySelectorAll("figure.timeline").forEach(fitLabels);
         var fresh = adopt(section, run);
         if (fresh.lastSeq < run.lastSeq) {
           // Never go back: what the page already applied stays applied.
@@ -197,6 +205,7 @@
         var buffered = run.buffer;
         Object.assign(run, fresh, { loading: false, buffer: [] });
         if (pending) replacePending(pending);
+        heldReplace(template.content);
         buffered.forEach(function (item) {
           if (item[0] === "events") applyEvents(run, item[1]);
           else applyDelta(run, item[1]);
@@ -276,7 +285,7 @@
         appendUserMessage(run, p.content);
         break;
       case "input_requested":
-        appendQuestion(run, p.question);
+        appendQuestion(run, p.question, p.tool_call);
         break;
       case "input_answered":
         appendUserMessage(run, p.content);
@@ -296,11 +305,13 @@
     section.dataset.waitReason = p.wait_reason || "";
     section.className = section.className.replace(/\bstatus-\S+/, "status-" + p.status);
     var badge = role(section, "status");
-    badge.textContent = p.status;
-    badge.className = "badge status-" + p.status;
-    role(section, "state").textContent = stateLabel(p);
+    badge.textContent = badgeLabel(p);
+    badge.title = p.status;
+    badge.className = "badge status-" + p.status + (p.outcome ? " outcome-" + p.outcome : "");
+    // The detail beside the badge (until when a wait lasts) comes with the server's rendering.
+    role(section, "state").textContent = "";
     setSessionBadge(cfg.session, p.status);
-    announce("Run " + p.status + (stateLabel(p) ? " " + stateLabel(p) : "") + ".");
+    announce("Run " + badgeLabel(p) + ".");
     updateComposer();
   }
 
@@ -317,7 +328,10 @@
           template.innerHTML = html;
           var fresh = template.content.querySelector('[data-role="timeline"]');
           var current = role(run.el, "timeline");
-          if (fresh && current) current.replaceWith(fresh);
+          if (fresh && current) {
+            current.replaceWith(fresh);
+            fitLabels(fresh);
+          }
         })
         .catch(function () {});
     }, 400);
@@ -372,12 +386,17 @@
   function discardStep(run, p) {
     var li = stepElement(run, p.step);
     if (!li) return;
-    markStep(li, "discarded");
     var step = run.steps.get(p.step);
     if (step) {
       step.final = true;
       step.textEl.setAttribute("aria-busy", "false");
     }
+    if (!cfg.viewer.desk_view) {
+      // A turn thrown away is the run-time's business: the customer's page just drops it.
+      li.remove();
+      return;
+    }
+    markStep(li, "discarded");
     var note = role(li, "discarded") || make("p", "discarded");
     note.dataset.role = "discarded";
     note.textContent = "Discarded: " + (p.reason || "");
@@ -390,7 +409,9 @@
     role(run.el, "items").appendChild(li);
   }
 
-  function appendQuestion(run, question) {
+  function appendQuestion(run, question, toolCall) {
+    // The question's card (the ask_user call) says it already.
+    if (toolCall && run.el.querySelector('[data-tool-call="' + toolCall + '"]')) return;
     var li = make("li", "msg assistant question");
     li.appendChild(make("div", "bubble", question));
     role(run.el, "items").appendChild(li);
@@ -405,6 +426,71 @@
     var button = role(run.el, "cancel");
     if (button) button.disabled = true;
   }
+
+  // --- the timeline's clock -------------------------------------------------------------------
+  /* An active run's timeline keeps moving between the server's renderings (which come with each
+   * status change): its bars carry their begin and end in seconds (an open end: still going), and
+   * every second they are placed again on an axis that reaches now, so the "so far" figure grows
+   * while a run waits. The server's clock is the reference (data-now-ms, the moment of rendering). */
+
+  function durationText(seconds) {
+    if (seconds < 1) return Math.round(seconds * 1000) + " ms";
+    if (seconds < 60) return seconds.toFixed(1) + " s";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " m " + String(Math.floor(seconds % 60)).padStart(2, "0") + " s";
+    return Math.floor(seconds / 3600) + " h " + String(Math.floor((seconds % 3600) / 60)).padStart(2, "0") + " m";
+  }
+
+  /* A bar's words show only when they fit in it (else its tooltip says them). Step numbers show
+   * all or none: a row reading "2 4 6" would look like steps went missing. */
+  function fitLabels(figure) {
+    var stepTexts = [];
+    var stepsFit = true;
+    figure.querySelectorAll("svg.bar").forEach(function (bar) {
+      var text = bar.querySelector("text");
+      if (!text) return;
+      text.removeAttribute("visibility");
+      var fits = text.getComputedTextLength() + 5 <= bar.width.baseVal.value;
+      if (/(^|\s)step-/.test(bar.getAttribute("class"))) {
+        stepTexts.push(text);
+        if (!fits) stepsFit = false;
+      } else if (!fits) {
+        text.setAttribute("visibility", "hidden");
+      }
+    });
+    stepTexts.forEach(function (text) {
+      if (!stepsFit) text.setAttribute("visibility", "hidden");
+    });
+    figure.dataset.fitted = "1";
+  }
+
+  function timelineTick() {
+    document.querySelectorAll('figure.timeline:not([data-fitted="1"])').forEach(fitLabels);
+    document.querySelectorAll('figure.timeline[data-ongoing="1"]').forEach(function (figure) {
+      if (!figure.dataset.skew) figure.dataset.skew = String(Date.now() - Number(figure.dataset.nowMs));
+      var now = Date.now() - Number(figure.dataset.skew);
+      var total = Math.max((now - Number(figure.dataset.startMs)) / 1000, Number(figure.dataset.total) || 0, 0.001);
+      figure.querySelectorAll("svg.bar").forEach(function (bar) {
+        var begin = Math.min(Number(bar.dataset.begin) || 0, total);
+        var end = bar.dataset.end === "" ? total : Math.min(Number(bar.dataset.end), total);
+        bar.setAttribute("x", (begin / total * 100).toFixed(2) + "%");
+        bar.setAttribute("width", Math.max((end - begin) / total * 100, 0.5).toFixed(2) + "%");
+      });
+      figure.querySelectorAll("text.tick").forEach(function (tick) {
+        tick.textContent = durationText(total * Number(tick.dataset.fraction));
+      });
+      var label = figure.querySelector('[data-role="timeline-total"]');
+      if (label) label.textContent = durationText(total);
+      var plot = figure.querySelector("svg.timeline-plot");
+      if (plot) plot.setAttribute("aria-label", "Timeline of the run: " + durationText(total) + " so far");
+      fitLabels(figure);
+    });
+  }
+
+  setInterval(timelineTick, 1000);
+  timelineTick();
+  window.addEventListener("resize", function () {
+    document.querySelectorAll("figure.timeline").forEach(fitLabels);
+  });
 
   // --- tool calls and approvals ----------------------------------------------------------------
 
@@ -421,9 +507,11 @@
       var container = tools.length ? tools[tools.length - 1] : role(run.el, "items");
       container.appendChild(card);
     }
-    var label = TOOL_STATUS_LABELS[p.status] || p.status;
-    card.className = "tool-card status-" + p.status;
-    card.setAttribute("aria-label", toolLabel(p.tool) + ": " + label);
+    // The socket sends the card's badge and words (presenters.console_event).
+    var label = p.status_label || TOOL_STATUS_LABELS[p.status] || p.status;
+    var question = p.tool === ASK_USER;
+    card.className = "tool-card status-" + p.status + (question ? " question-card" : "");
+    card.setAttribute("aria-label", (question ? "Question for you" : toolLabel(p.tool)) + ": " + label);
     var badge = role(card, "tool-status");
     badge.textContent = label;
     badge.className = "badge status-" + p.status;
@@ -444,12 +532,19 @@
     var card = make("article", "tool-card");
     card.dataset.toolCall = p.tool_call;
     card.dataset.callId = p.tool_call_id || "";
+    card.dataset.tool = p.tool;
+    var question = p.tool === ASK_USER;
     var head = make("header");
-    head.append(
-      make("span", "tool-label", toolLabel(p.tool)),
-      make("code", "tool-name", p.tool),
-      make("span", "effect effect-" + p.effect, p.effect === "write" ? "changes something" : "look-up")
-    );
+    if (question) {
+      // ask_user: a question for the customer to answer, not a look-up.
+      head.append(make("span", "tool-label", "Question for you"));
+    } else {
+      head.append(
+        make("span", "tool-label", toolLabel(p.tool)),
+        make("code", "tool-name", p.tool),
+        make("span", "effect effect-" + p.effect, p.effect === "write" ? "changes something" : "look-up")
+      );
+    }
     var money = make("span", "money");
     money.dataset.role = "money";
     head.append(money);
@@ -477,9 +572,16 @@
     pre.dataset.role = "result";
     resultBox.appendChild(pre);
     details.append(args, resultBox);
+    if (question) details.hidden = true;
     var approvals = make("div", "card-approvals");
     approvals.dataset.role = "card-approvals";
-    card.append(head, message, edited, details, approvals);
+    card.append(head);
+    if (question) {
+      var asked = make("p", "question", (p.arguments && p.arguments.question) || "");
+      asked.dataset.role = "question";
+      card.append(asked);
+    }
+    card.append(message, edited, details, approvals);
     return card;
   }
 
@@ -682,7 +784,8 @@
         setConnection("live", "live");
         break;
       case "error":
-        showError(message.message + " (" + message.code + ")");
+        // The refusal's code is for an operator; the customer reads its words.
+        showError(cfg.viewer.desk_view ? message.message + " (" + message.code + ")" : message.message);
         settle(message.ref, false);
         break;
       default:
@@ -722,6 +825,97 @@
     };
   }
 
+  // --- cancelling, after saying what it would leave done and stop (console/cancel_preview.py) -------
+  /* "Cancel run" is a GET of the confirmation; here it opens inside the run instead of a page of
+   * its own. "Yes" cancels over the socket (or posts the form); "No" closes it. */
+
+  function cancelConfirmOpen(form) {
+    var section = form.closest("section.run");
+    if (!section) return false;
+    var open = role(section, "cancel-confirm");
+    if (open) {
+      cancelConfirmFocus(open);
+      return true;
+    }
+    fetch(form.action + "?fragment=1", { credentials: "same-origin", headers: { Accept: "text/html" } })
+      .then(function (response) {
+        if (!response.ok) throw new Error("HTTP " + response.status);
+        return response.text();
+      })
+      .then(function (html) {
+        var template = document.createElement("template");
+        template.innerHTML = html;
+        var panel = template.content.querySelector('[data-role="cancel-confirm"]');
+        var current = document.body.contains(section) ? section : document.getElementById(section.id);
+        if (!panel || !current || role(current, "cancel-confirm")) return;
+        current.querySelector(".run-head").after(panel);
+        cancelConfirmFocus(panel);
+      })
+      .catch(function () {
+        window.location.href = form.action; // the confirmation as a page of its own
+      });
+    return true;
+  }
+
+  function cancelConfirmFocus(panel) {
+    var first = role(panel, "cancel-no") || role(panel, "cancel-yes");
+    if (first) first.focus();
+  }
+
+  function cancelConfirmed(form) {
+    var panel = form.closest('[data-role="cancel-confirm"]');
+    var buttons = form.querySelectorAll("button");
+    var sent = send({ action: "cancel", run: form.dataset.run }, function (ok) {
+      if (ok && panel) panel.remove();
+      else buttons.forEach(function (b) { b.disabled = false; });
+    });
+    if (sent) buttons.forEach(function (b) { b.disabled = true; });
+    return sent;
+  }
+
+  document.addEventListener("click", function (event) {
+    var no = event.target.closest && event.target.closest('section.run [data-role="cancel-no"]');
+    if (!no) return;
+    event.preventDefault();
+    var section = no.closest("section.run");
+    no.closest('[data-role="cancel-confirm"]').remove();
+    var button = role(section, "cancel");
+    if (button && !button.disabled) button.focus();
+  });
+
+  // --- input held from a cancelled run: "Send as a new request" or "Drop it" -------------------------
+
+  function heldReplace(fragment) {
+    var fresh = fragment.querySelector('[data-role="held-inputs"]');
+    var current = document.querySelector('main [data-role="held-inputs"]');
+    if (fresh && current) current.replaceWith(fresh);
+  }
+
+  function heldChoose(form, submitter) {
+    var body = new FormData(form);
+    body.set("choice", submitter ? submitter.value : "send");
+    var buttons = form.querySelectorAll("button");
+    buttons.forEach(function (b) { b.disabled = true; });
+    fetch(form.action, { method: "POST", body: body, credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        return response.json().then(function (data) {
+          if (!response.ok) throw new Error(data.message ? data.message + " (" + data.code + ")" : "HTTP " + response.status);
+          return data;
+        });
+      })
+      .then(function (data) {
+        var item = form.closest("[data-held]");
+        if (item) item.remove();
+        showError("");
+        announce(data.choice === "drop" ? "Dropped." : "Sent as a new request.");
+      })
+      .catch(function (error) {
+        showError(error.message);
+        buttons.forEach(function (b) { b.disabled = false; });
+      });
+    return true; // answered here, whatever the socket's state
+  }
+
   // --- the composer and buttons --------------------------------------------------------------------
 
   function updateComposer() {
@@ -753,7 +947,11 @@
       );
       if (sent) button.disabled = true;
     } else if (form.classList.contains("cancel-form")) {
-      sent = send({ action: "cancel", run: form.dataset.run });
+      sent = cancelConfirmOpen(form);
+    } else if (form.classList.contains("cancel-confirm-form")) {
+      sent = cancelConfirmed(form);
+    } else if (form.classList.contains("held-form")) {
+      sent = heldChoose(form, event.submitter);
     } else if (form.classList.contains("decide-form")) {
       var decision = event.submitter ? event.submitter.value : "approve";
       sent = send({ action: "decide", approval: form.dataset.approval, decision: decision }, function (ok) {

@@ -78,6 +78,8 @@ tool_register(Tool(
     effect=ToolEffect.READ,
     execute=ledger_balance,
     timeout=5.0,
+    # The card's line in the console once it answered: a format string over arguments and result.
+    summary="Balance of {account}: {balance} EUR",
 ))
 tool_register(Tool(
     name="ledger_credit",
@@ -93,5 +95,7 @@ tool_register(Tool(
     currency="EUR",
     counterparty="account",
     reference="reference",
+    # What the customer's console says once the credit went through (the booking's fields).
+    summary="Credited {amount} EUR to {account}, ref {reference}",
     timeout=5.0,
 ))
