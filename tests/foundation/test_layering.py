@@ -14,6 +14,8 @@ from pathlib import Path
 import grimp
 import pytest
 
+from tests.support.source import source_tree
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 ROOTS = CONFIG["root_packages"]
@@ -174,7 +176,7 @@ def _local_imports() -> list[tuple[str, int, str, str]]:
                 continue
             source = path.read_text()
             lines = source.splitlines()
-            for node in ast.walk(ast.parse(source)):
+            for node in ast.walk(source_tree(source)):
                 if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
                 for inner in ast.walk(node):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import tomllib
 
+from tests.support.source import source_tree
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
 STATE = ROOT / "engine" / "state"
@@ -39,7 +41,7 @@ def state_writes(path: Path) -> list[str]:
     source = path.read_text()
     name = path.relative_to(ROOT) if ROOT in path.parents else path.name
     found = [f"{name}:{source[:m.start()].count(chr(10)) + 1}: SQL {m.group(0)!r}" for m in SQL_WRITE.finditer(source)]
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(source_tree(source)):
         where = f"{name}:{getattr(node, 'lineno', 0)}"
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             written = {k.arg for k in node.keywords} & STATE_FIELDS
