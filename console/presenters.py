@@ -18,7 +18,7 @@ from runs_app.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, RunErrorCod
 from runs_app.events import RunEventType
 from runs_app.selectors import run_wait_clock
 from access import policy as access
-from runs_app.timeline import duration_text
+from runs_app.timeline import duration_text, run_state_key
 from sessions_app.models import Message, MessageRole
 from tools_app.models import ToolCall, ToolCallStatus, ToolEffect
 from tools_app.outcomes import ALREADY_DONE, tool_call_customer_text
@@ -325,15 +325,6 @@ TIMELINE_LEGEND = (
 )
 
 
-def _state_key(payload: dict) -> str:
-    status = payload.get("status", "")
-    if status == RunStatus.RUNNING:
-        return payload.get("phase") or "running"
-    if status == RunStatus.WAITING:
-        return f"waiting_{payload.get('wait_reason') or 'other'}"
-    return status
-
-
 def _legend_kind(key: str) -> str:
     """Which legend colour a state bar takes."""
     if key in ("calling_model", "preparing_context", "running"):
@@ -368,7 +359,7 @@ def console_timeline(*, run: Run, events: list[dict], steps: list[Step], calls: 
             "kind": kind, "css": f"kind-{kind} {css}",
         }
 
-    marks = [(e["created_at"], _state_key(e["payload"])) for e in events if e["type"] == "run_status"]
+    marks = [(e["created_at"], run_state_key(e["payload"])) for e in events if e["type"] == "run_status"]
     bars, kinds = [], set()
     for position, (moment, key) in enumerate(marks):
         if key in TERMINAL_STATUSES:

@@ -14,16 +14,22 @@ from django.utils import timezone
 
 from notifications.models import DeliveryStatus, EmailDelivery, WebhookAttempt, WebhookDelivery
 
-_CLAIM_SQL = """
-UPDATE "runs_app_webhookdelivery"
+def _claim_sql(table: str, returning: str) -> str:
+    """The next due row of an outbox `table` (webhook or e-mail deliveries), claimed: due, not held by
+    a live claim, skipping rows another deliverer is claiming this moment."""
+    return f"""
+UPDATE "{table}"
 SET "claimed_by" = %s, "claimed_until" = now() + %s * interval '1 second', "attempts" = "attempts" + 1
 WHERE "id" = (
-    SELECT "id" FROM "runs_app_webhookdelivery"
+    SELECT "id" FROM "{table}"
     WHERE "status" = 'pending' AND "next_attempt_at" <= now() AND ("claimed_until" IS NULL OR "claimed_until" < now())
     ORDER BY "next_attempt_at" LIMIT 1 FOR UPDATE SKIP LOCKED
 )
-RETURNING "id", "attempts"
+RETURNING {returning}
 """
+
+
+_CLAIM_SQL = _claim_sql("runs_app_webhookdelivery", '"id", "attempts"')
 
 
 def url_redacted(url: str) -> str:
@@ -96,16 +102,7 @@ def webhook_deliveries_retry_now(*, deliveries: QuerySet[WebhookDelivery]) -> in
                                                                       next_attempt_at=timezone.now())
 
 
-_EMAIL_CLAIM_SQL = """
-UPDATE "notifications_emaildelivery"
-SET "claimed_by" = %s, "claimed_until" = now() + %s * interval '1 second', "attempts" = "attempts" + 1
-WHERE "id" = (
-    SELECT "id" FROM "notifications_emaildelivery"
-    WHERE "status" = 'pending' AND "next_attempt_at" <= now() AND ("claimed_until" IS NULL OR "claimed_until" < now())
-    ORDER BY "next_attempt_at" LIMIT 1 FOR UPDATE SKIP LOCKED
-)
-RETURNING "id"
-"""
+_EMAIL_CLAIM_SQL = _claim_sql("notifications_emaildelivery", '"id"')
 
 
 def email_claim_seconds() -> float:

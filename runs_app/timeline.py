@@ -21,7 +21,8 @@ def duration_text(seconds: float) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} m"
 
 
-def _state_key(payload: dict) -> str:
+def run_state_key(payload: dict) -> str:
+    """What a `run_status` event says the run is doing: its phase while running, its wait while waiting, else its status."""
     status = payload.get("status", "")
     if status == RunStatus.RUNNING:
         return payload.get("phase") or "running"
@@ -49,7 +50,7 @@ def run_timeline(*, run: Run, events: list[dict], steps: list[Step], calls: list
         return {"x": round(x, 1), "text_x": round(x + 3, 1), "width": round(width, 1), "css": css, "row": row, "title": text,
                 "label": text if width >= 8 * len(text) * 0.75 else (label if width >= 7 * len(label) else "")}
 
-    marks = [(e["created_at"], _state_key(e["payload"])) for e in events if e["type"] == "run_status"]
+    marks = [(e["created_at"], run_state_key(e["payload"])) for e in events if e["type"] == "run_status"]
     states, totals = [], {}
     for position, (moment, key) in enumerate(marks):
         if key in TERMINAL_STATUSES:
