@@ -137,7 +137,7 @@ class DelegationAdmin(admin.ModelAdmin):
                 revoked += 1
             except WardenError as refused:
                 self.message_user(request, f"{delegation}: {refused.message}", messages.ERROR)
-        self.message_user(request, f"{revoked} delegation(s) revoked.", messages.SUCCESS)
+        self.message_user(request, f"{revoked} delegation{'' if revoked == 1 else 's'} revoked.", messages.SUCCESS)
 
 
 @admin.register(ApprovalLink)

@@ -99,4 +99,4 @@ class FreezeAdmin(admin.ModelAdmin):
                 lifted += 1
             except WardenError as refused:
                 self.message_user(request, f"{freeze}: {refused.message}", messages.ERROR)
-        self.message_user(request, f"{lifted} freeze(s) lifted.", messages.SUCCESS)
+        self.message_user(request, f"{lifted} freeze{'' if lifted == 1 else 's'} lifted.", messages.SUCCESS)

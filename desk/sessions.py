@@ -162,7 +162,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.action(description="Revoke selected API keys", permissions=["revoke"])
     def revoke_keys(self, request, queryset):
         revoked = sum(api_key_withdraw(api_key=key, acting_user=request.user) for key in queryset.select_related("owner"))
-        self.message_user(request, f"Revoked {revoked} API key(s).", messages.SUCCESS)
+        self.message_user(request, f"Revoked {revoked} API key{'' if revoked == 1 else 's'}.", messages.SUCCESS)
 
 
 @admin.register(IdempotencyRecord)

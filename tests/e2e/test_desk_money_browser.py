@@ -91,7 +91,7 @@ def test_an_operator_freezes_a_tool_on_the_desk_sees_it_on_the_dashboard_and_lif
         page.select_option('select[name="action"]', "lift_selected")
         page.click('button[name="index"]')
         page.wait_for_selector("ul.messagelist")
-        assert "1 freeze(s) lifted" in page.inner_text("ul.messagelist")
+        assert "1 freeze lifted" in page.inner_text("ul.messagelist")
         page.goto("/admin/")
         assert "nothing" in page.inner_text("#overview-freezes")
         page.context.close()

@@ -50,7 +50,8 @@ def test_an_operator_assigns_three_approves_one_by_keyboard_exports_the_decided_
 
     page = browser_page(chromium, procs.base_url, "desktop")
     login(page, f"/admin/login/?next={QUEUE}", first.username)
-    assert page.is_visible("#queue-keys-hint") and "j/k move" in page.inner_text("#queue-keys-hint")
+    page.wait_for_selector("#queue-keys-hint", state="visible")
+    assert "j/k move" in page.inner_text("#queue-keys-hint")
     for approval in mine:
         page.check(f'input[name="_selected_action"][value="{approval.pk}"]')
     page.select_option('select[name="action"]', "assign_to_me")
@@ -72,7 +73,7 @@ def test_an_operator_assigns_three_approves_one_by_keyboard_exports_the_decided_
 
     # The keyboard alone: the first request, its box ticked, approve — the confirmation page — Enter.
     page.keyboard.press("?")
-    assert page.is_visible("#queue-keys-help")
+    page.wait_for_selector("#queue-keys-help", state="visible")
     page.keyboard.press("Escape")
     page.keyboard.press("j")
     page.wait_for_selector("#result_list tbody tr.desk-key-current")
@@ -82,7 +83,9 @@ def test_an_operator_assigns_three_approves_one_by_keyboard_exports_the_decided_
     page.keyboard.press("a")
     page.wait_for_selector("#decide-form")
     assert page.locator("#bulk-rows tbody tr").count() == 1
-    assert page.is_visible("#queue-keys-hint") and "Enter confirms" in page.inner_text("#queue-keys-hint")
+    # The page's script writes the hint once it has run: the form may be there before it.
+    page.wait_for_selector("#queue-keys-hint", state="visible")
+    assert "Enter confirms" in page.inner_text("#queue-keys-hint")
     screenshot(page, "desk-team-keyboard-confirmation", "desktop")
     page.keyboard.press("Enter")
     page.wait_for_selector("ul.messagelist")
