@@ -88,7 +88,7 @@ def test_a_cancel_closes_one_runs_model_stream_while_fifty_others_in_the_process
     # One process has all 51 model calls open at once, holding no database connection through them:
     # the worker's pool is 8; beside it its lease keeper's own connection, the live layer's own pool
     # (PostgreSQL layer only) and the cluster's sentinel, pusher (with its doorbell) and monitor.
-    wait_for(lambda: model_server.in_flight() == 51, timeout=120, message="51 model calls in flight from one process")
+    wait_for(lambda: model_server.in_flight() == 51, timeout=360, message="51 model calls in flight from one process")
     assert _connections("fleet-one") <= POOL + 1 + _layer_connections() + 4
     assert len({Run.objects.get(pk=run.id).lease_owner.split(":")[1] for run, _ in posted}) == 1  # one pid
 
@@ -122,7 +122,7 @@ def test_a_killed_process_holding_twenty_runs_mid_stream_has_each_completed_once
         model_server.enqueue(text=["It is sunny", " in Lisbon."], finish="stop", chunk_delay=HELD_SECONDS)
     _start(procs, model_server, "doomed", runs_per_worker=30)
     posted = _post_runs(20)
-    wait_for(lambda: model_server.in_flight() == 20, timeout=120, message="20 model calls in flight from one process")
+    wait_for(lambda: model_server.in_flight() == 20, timeout=360, message="20 model calls in flight from one process")
     tokens = {run.id: Run.objects.get(pk=run.id).lease_token for run, _ in posted}
 
     procs.signal("doomed", signal.SIGKILL)
