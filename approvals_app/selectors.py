@@ -276,13 +276,6 @@ def delegators_in_force(*, delegate_id, at: datetime | None = None) -> list:
             .select_related("delegator").order_by("starts_at", "id")]
 
 
-def delegate_in_force(*, delegator_id, at: datetime | None = None):
-    """Who stands in for `delegator_id` now (the latest delegation in force), or None."""
-    delegation = (delegations_in_force(at=at).filter(delegator_id=delegator_id).select_related("delegate")
-                  .order_by("-starts_at", "-id").first())
-    return delegation.delegate if delegation else None
-
-
 # The queue's tiers and waiting bands (issue 29): the dashboard counts by them and the queue filters
 # by them, from these same predicates, so a number and the list it links to always agree.
 APPROVAL_TIERS: dict[str, tuple[str, Q]] = {

@@ -16,6 +16,17 @@ admin.site.site_title = "Warden desk"
 admin.site.index_title = "Dashboard"
 
 
+def form_refused(form, refused) -> None:
+    """A WardenError an action raised, shown on the desk form that asked for it: each field it names
+    on that field (the API's `body.` prefix dropped; a field the form lacks goes on the form), or
+    its message on the form."""
+    for field in refused.fields or []:
+        name = field["field"].removeprefix("body.")
+        form.add_error(name if name in form.fields else None, field["message"])
+    if not refused.fields:
+        form.add_error(None, refused.message)
+
+
 class EstimatedCountPaginator(Paginator):
     """Pages of a big table without counting it: unfiltered, the count is PostgreSQL's own
     estimate (pg_class.reltuples, kept by autovacuum); filtered, a real count (the filters'

@@ -16,7 +16,7 @@ from django.utils import timezone
 from access import policy as access
 from approvals_app.models import ApprovalLink, Delegation
 from config.errors import WardenError
-from desk.base import PolicyScopedAdmin
+from desk.base import PolicyScopedAdmin, form_refused
 from desk.display import badge
 from engine.actions.delegations import delegation_revoke, delegation_set
 
@@ -58,11 +58,7 @@ class DelegationForm(forms.ModelForm):
                                            starts_at=cleaned.get("starts_at"), ends_at=cleaned["ends_at"],
                                            reason=cleaned.get("reason", ""), acting_user=self.user)
         except WardenError as refused:
-            for field in refused.fields or []:
-                name = field["field"].removeprefix("body.")
-                self.add_error(name if name in self.fields else None, field["message"])
-            if not refused.fields:
-                self.add_error(None, refused.message)
+            form_refused(self, refused)
         return cleaned
 
 

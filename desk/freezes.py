@@ -8,6 +8,7 @@ from django.contrib import admin, messages
 from access import policy as access
 from approvals_app.models import Freeze, FreezeMode, FreezeScope
 from config.errors import WardenError
+from desk.base import form_refused
 from desk.display import badge
 from engine.actions.freezes import freeze_lift, freeze_set
 
@@ -35,11 +36,7 @@ class FreezeForm(forms.ModelForm):
             self.instance = freeze_set(scope=cleaned["scope"], target=cleaned["target"], mode=cleaned["mode"],
                                        reason=cleaned["reason"], acting_user=self.user)
         except WardenError as refused:
-            for field in refused.fields or []:
-                name = field["field"].removeprefix("body.")
-                self.add_error(name if name in self.fields else None, field["message"])
-            if not refused.fields:
-                self.add_error(None, refused.message)
+            form_refused(self, refused)
         return cleaned
 
 

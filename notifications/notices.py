@@ -28,7 +28,7 @@ from django.utils import timezone
 from agents.service_levels import service_level_of
 from approvals_app.links import link_create, link_url
 from approvals_app.models import Approval, ApprovalPolicy, ApprovalStatus, LinkStage
-from approvals_app.selectors import delegate_in_force
+from approvals_app.selectors import delegations_in_force
 from notifications.models import EmailDelivery, NotificationKind, WebhookDelivery, WebhookEndpoint, WebhookFormat
 
 # access.policy.why_not_a_decider's shape: '' when `user` may decide `approval` (for `on_behalf_of`).
@@ -55,17 +55,17 @@ def approval_notices(*, approval_id, stage: str, decider_refusal: DeciderRefusal
     else the service level's `notify` group (a request, a reminder), else everyone who may decide —
     with chat deliveries numbered `event_seq` (the run event that caused them; None for a reminder,
     which has none). Returns how many messages were written (e-mails and chat deliveries)."""
+    kind = _KIND_OF_STAGE[stage]
+    chats = list(WebhookEndpoint.objects.filter(active=True, kinds__contains=[kind],
+                                                format__in=[WebhookFormat.SLACK, WebhookFormat.TEAMS]))
+    if not settings.WARDEN_APPROVAL_EMAIL and not chats:
+        return 0  # no channel: nobody to tell, nothing to read
     approval = (Approval.objects.select_related("run__session__owner", "run__agent_version", "tool_call")
                 .get(pk=approval_id))
     if approval.policy != ApprovalPolicy.OPERATOR or approval.status != ApprovalStatus.PENDING:
         return 0
     if not group and stage != LinkStage.ESCALATION:
         group = service_level_of(approval.run.agent_version, approval.policy).get("notify", "")
-    kind = _KIND_OF_STAGE[stage]
-    chats = list(WebhookEndpoint.objects.filter(active=True, kinds__contains=[kind],
-                                                format__in=[WebhookFormat.SLACK, WebhookFormat.TEAMS]))
-    if not settings.WARDEN_APPROVAL_EMAIL and not chats:
-        return 0
     recipients = approval_recipients(approval=approval, group=group, decider_refusal=decider_refusal)
     links = [(recipient, link_url(link_create(approval=approval, decider=recipient.decider, stage=stage,
                                               on_behalf_of=recipient.on_behalf_of)))
@@ -99,9 +99,14 @@ def approval_recipients(*, approval: Approval, group: str, decider_refusal: Deci
     candidates = [user for user in deciders_with_permission(group=group)
                   if user.email and not decider_refusal(user=user, approval=approval)]
     told = {user.pk for user in candidates}
+    # Who stands in for whom now, in one read (the latest delegation of each delegator in force).
+    delegates = {}
+    for delegation in (delegations_in_force().filter(delegator_id__in=told).select_related("delegate")
+                       .order_by("delegator_id", "-starts_at", "-id")):
+        delegates.setdefault(delegation.delegator_id, delegation.delegate)
     recipients = []
     for user in candidates:
-        delegate = delegate_in_force(delegator_id=user.pk)
+        delegate = delegates.get(user.pk)
         if delegate is None or not delegate.is_active or not delegate.email or decider_refusal(
                 user=delegate, approval=approval, on_behalf_of=user):
             recipients.append(Recipient(decider=user))  # nobody may stand in: told themselves
