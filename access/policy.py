@@ -50,6 +50,7 @@ ARM_DEMO_FAULTS = "demo.change_simfault"
 MANAGE_AGENTS = "agents.change_agent"
 MANAGE_MODEL_ENDPOINTS = "runs_app.change_modelendpoint"
 VIEW_MODEL_ENDPOINTS = "runs_app.view_modelendpoint"
+MANAGE_MCP_SERVERS = "tools_app.change_mcpserver"
 FREEZE_MONEY = "approvals_app.freeze_money"
 EXPORT_LEDGER = "approvals_app.export_ledger"
 
@@ -422,6 +423,11 @@ def can_reconcile_tool_call(*, user, tool_call: ToolCall) -> bool:
 def can_manage_agents(*, user) -> bool:
     """May define agents and save new versions of them (the admin's agent pages, POST/PUT /agents)."""
     return is_active(user) and user.has_perm(MANAGE_AGENTS)
+
+
+def can_manage_mcp_servers(*, user) -> bool:
+    """May define MCP servers, set or rotate their credentials and check their tools (the desk's MCP servers)."""
+    return is_active(user) and user.has_perm(MANAGE_MCP_SERVERS)
 
 
 def can_manage_model_endpoints(*, user) -> bool:

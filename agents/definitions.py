@@ -27,8 +27,9 @@ from config.errors import WardenError
 from runs_app.endpoints import (ENDPOINT_OPTION, ENDPOINT_PROVIDERS, endpoint_get, endpoint_model_names, endpoint_names,
                                  endpoint_provider)
 from runs_app.models import EndpointKind, ModelEndpoint
-from tools_app.models import ToolEffect
-from tools_app.registry import ASK_USER, ApprovalRequirement, tool_get, tool_list
+from tools_app.mcp import TOOL_OPTIONS, mcp_schema_problem, mcp_tool_build, mcp_tool_properties
+from tools_app.models import McpServer, McpTransport, ToolEffect
+from tools_app.registry import ASK_USER, ApprovalRequirement, tool_get, tool_list, tool_registered, tools_in_scope
 
 # Providers that only speak a model endpoint of their kind: the deployment's default endpoint (the
 # OPENAI_* settings) speaks Chat Completions, so an agent naming one of these must name an endpoint.
@@ -260,7 +261,7 @@ def _rules_check(*, tool_name: str, rules: Any, errors: dict[str, str]) -> None:
     if not isinstance(rules, list) or not rules:
         errors[where] = 'a list of rules is required, e.g. [{"when": "amount <= 20", "approval": "none"}]'
         return
-    arguments = set(tool.arguments.model_fields)
+    arguments = set(tool.argument_fields())
     boxes = []
     for index, rule in enumerate(rules):
         here = f"{where}[{index}]"
@@ -320,10 +321,19 @@ def approval_rule_match(*, tool_name: str, rules: list[dict], arguments: dict) -
 
 # --- the whole definition -------------------------------------------------------------------------
 
-def agent_definition_check(definition: dict) -> dict:
-    """The definition, normalised, or AgentDefinitionInvalid naming every offending field."""
+def agent_definition_check(definition: dict, *, mcp_tools: dict | None = None) -> dict:
+    """The definition, normalised, or AgentDefinitionInvalid naming every offending field.
+    `mcp_tools`: the snapshot of the MCP servers' tools the definition chose (engine.actions.agents
+    takes it by asking the servers; None when it names none)."""
     errors: dict[str, str] = {}
     clean: dict[str, Any] = {}
+    clean["mcp_servers"] = mcp_servers_check(definition.get("mcp_servers"), errors)
+    clean["mcp_tools"] = _mcp_tools_check(mcp_tools or {}, errors)
+    with tools_in_scope({name: mcp_tool_build(name, entry) for name, entry in clean["mcp_tools"].items()}):
+        return _definition_check(definition, clean=clean, errors=errors)
+
+
+def _definition_check(definition: dict, *, clean: dict, errors: dict[str, str]) -> dict:
     name = definition.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 100:
         errors["name"] = "a name of 1 to 100 characters is required"
@@ -383,13 +393,15 @@ def agent_definition_check(definition: dict) -> dict:
     if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
         errors["tools"] = "a list of tool names"
     else:
-        unknown = [t for t in tools if tool_get(t) is None]
+        unknown = [t for t in tools if tool_registered(t) is None]
         if unknown:
             registered = sorted(t.name for t in tool_list() if t.name != ASK_USER)
             errors["tools"] = (f"unknown tool {', '.join(map(repr, unknown))}; registered (WARDEN_TOOL_MODULES): "
                                f"{', '.join(registered) or 'none'}")
         else:
             clean["tools"] = list(dict.fromkeys(t for t in tools if t != ASK_USER))
+    # The tools rules and limits may name: the agent's own and the MCP tools it chose.
+    chosen = [*clean["tools"], *clean["mcp_tools"]] if "tools" in clean else None
     for field in ("budgets", "budget_limits"):
         value = definition.get(field) or {}
         if not isinstance(value, dict) or set(value) - set(BUDGET_FIELDS) or not all(
@@ -406,13 +418,13 @@ def agent_definition_check(definition: dict) -> dict:
         errors["approval_rules"] = 'an object {"<write tool>": [rules…]}'
     else:
         for tool_name, tool_rules in rules.items():
-            if "tools" in clean and tool_name not in clean["tools"]:
+            if chosen is not None and tool_name not in chosen:
                 errors[f"approval_rules.{tool_name}"] = f"{tool_name!r} is not one of the agent's tools"
                 continue
             _rules_check(tool_name=tool_name, rules=tool_rules, errors=errors)
         clean["approval_rules"] = rules
     clean["write_caps"] = write_caps_check(definition.get("write_caps"), errors)
-    clean["limits"] = limits_check(definition.get("limits"), tools=clean.get("tools"), errors=errors)
+    clean["limits"] = limits_check(definition.get("limits"), tools=chosen, errors=errors)
     clean["approval_service_levels"] = service_levels_check(definition.get("approval_service_levels"), errors)
     classifier = definition.get("interjection_classifier") or "model"
     if classifier not in CLASSIFIERS:
@@ -421,6 +433,116 @@ def agent_definition_check(definition: dict) -> dict:
         clean["interjection_classifier"] = classifier
     if errors:
         raise AgentDefinitionInvalid(errors)
+    return clean
+
+
+# --- MCP servers ----------------------------------------------------------------------------------
+
+MCP_MAX_TIMEOUT = 600
+_MCP_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def mcp_servers_check(value: Any, errors: dict[str, str]) -> dict:
+    """`{"<server>": {"tools": ["refund", …], "options": {"refund": {…}}}}`: each server defined (the
+    desk's MCP servers), a stdio one only where the deployment allows them, the tools chosen by name
+    and each tool's options of the known kinds (what the server said is checked with the snapshot)."""
+    if value in (None, "", {}):
+        return {}
+    if not isinstance(value, dict):
+        errors["mcp_servers"] = 'an object {"<server>": {"tools": ["<tool>", …], "options": {…}}}'
+        return {}
+    clean: dict[str, dict] = {}
+    defined = {server.name: server for server in McpServer.objects.filter(name__in=[str(k) for k in value])}
+    for name, spec in value.items():
+        where = f"mcp_servers.{name}"
+        server = defined.get(name)
+        if server is None:
+            errors[where] = f"no MCP server {name!r} is defined (the desk's MCP servers)"
+            continue
+        if server.transport == McpTransport.STDIO and not settings.WARDEN_MCP_STDIO:
+            errors[where] = f"{name} is a local command, and this deployment does not allow those (WARDEN_MCP_STDIO)"
+            continue
+        if not isinstance(spec, dict) or set(spec) - {"tools", "options"}:
+            errors[where] = 'an object {"tools": ["<tool>", …], "options": {"<tool>": {…}}}'
+            continue
+        tools = spec.get("tools")
+        if (not isinstance(tools, list) or not tools
+                or not all(isinstance(t, str) and _MCP_TOOL_NAME.fullmatch(t) for t in tools)):
+            errors[f"{where}.tools"] = "a list of the server's tool names (letters, digits, _ and -), at least one"
+            continue
+        options = spec.get("options") or {}
+        if not isinstance(options, dict):
+            errors[f"{where}.options"] = 'an object {"<tool>": {"reconciler": "<tool>", "timeout": 10, …}}'
+            continue
+        clean_options = {}
+        for tool_name, tool_options in options.items():
+            here = f"{where}.options.{tool_name}"
+            if tool_name not in tools:
+                errors[here] = f"{tool_name!r} is not one of the tools chosen from {name}"
+            elif (problem := _mcp_options_problem(tool_options)):
+                errors[here] = problem
+            else:
+                clean_options[tool_name] = tool_options
+        clean[name] = {"tools": list(dict.fromkeys(tools)), "options": clean_options}
+    return clean
+
+
+def _mcp_options_problem(options: Any) -> str:
+    if not isinstance(options, dict) or set(options) - set(TOOL_OPTIONS):
+        return f"an object of: {', '.join(TOOL_OPTIONS)}"
+    if "effect" in options and options["effect"] not in ToolEffect.values:
+        return "effect is read or write"
+    if "approval" in options and options["approval"] not in APPROVALS:
+        return f"approval is one of {', '.join(APPROVALS)}"
+    timeout = options.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout <= MCP_MAX_TIMEOUT):
+        return f"timeout is a number of seconds above 0, at most {MCP_MAX_TIMEOUT}"
+    attempts = options.get("max_attempts")
+    if attempts is not None and (isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 10):
+        return "max_attempts is a whole number from 1 to 10"
+    key = options.get("business_key")
+    if key is not None and not (isinstance(key, str) and key) and not (
+            isinstance(key, list) and key and all(isinstance(k, str) and k for k in key)):
+        return "business_key names the argument (or a list of arguments) whose values make the key"
+    for field in ("reconciler", "amount", "currency", "currency_argument", "counterparty", "reference", "summary"):
+        if field in options and not (isinstance(options[field], str) and options[field].strip()):
+            return f"{field} is a non-empty text"
+    currency = options.get("currency")
+    if currency is not None and not (len(currency) == 3 and currency.isalpha() and currency.isupper()):
+        return 'currency is a three-letter code such as "EUR"'
+    if currency is not None and options.get("currency_argument") is not None:
+        return "a fixed currency or a currency argument, not both"
+    return ""
+
+
+def _mcp_tools_check(snapshot: dict, errors: dict[str, str]) -> dict:
+    """The snapshot's tools as the model will see them: no name taken twice (the deployment's own
+    tools, ask_user, another server's), a usable schema, and every argument the options declare
+    among the schema's."""
+    clean: dict[str, dict] = {}
+    for name, entry in snapshot.items():
+        where = f"mcp_servers.{entry['server']}.tools"
+        if tool_registered(name) is not None:
+            errors[where] = f"{name!r} is also the name of one of the deployment's own tools: choose one or the other"
+            continue
+        if name in clean:
+            errors[where] = f"{name!r} is offered by {clean[name]['server']} too: choose it from one server"
+            continue
+        if problem := mcp_schema_problem(entry.get("input_schema")):
+            errors[where] = f"{name}: {problem}"
+            continue
+        options = entry.get("options") or {}
+        names = set(mcp_tool_properties(entry))
+        key = options.get("business_key")
+        declared = [options.get(f) for f in ("amount", "currency_argument", "counterparty", "reference")]
+        declared += [key] if isinstance(key, str) else list(key or [])
+        missing = [d for d in declared if d is not None and d not in names]
+        if missing:
+            errors[f"mcp_servers.{entry['server']}.options.{name}"] = (
+                f"{', '.join(map(repr, missing))} is not one of {name}'s arguments ({', '.join(sorted(names)) or 'none'})")
+            continue
+        clean[name] = entry
     return clean
 
 

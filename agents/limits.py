@@ -106,7 +106,7 @@ def _limit_check(tool: Tool, limit: Any, where: str, errors: dict[str, str]) -> 
     if not isinstance(limit, dict) or set(limit) - LIMIT_KEYS:
         errors[where] = f"each limit is an object of {', '.join(sorted(LIMIT_KEYS))}"
         return None
-    arguments = set(tool.arguments.model_fields)
+    arguments = set(tool.argument_fields())
     clean: dict[str, Any] = {}
     window = limit.get("window")
     if not isinstance(window, str) or not WINDOW.match(window) or window_of(window) > MAX_WINDOW:

@@ -53,6 +53,13 @@ class AgentVersion(models.Model):
     provider_options = models.JSONField(default=dict, blank=True)
     # Tool names (the run-time's own ask_user is always offered besides).
     tools = ArrayField(models.CharField(max_length=100), default=list, blank=True)
+    # MCP servers and the tools chosen from each (docs/EXTENDING.md, "MCP servers"):
+    # {"<server>": {"tools": ["refund", …], "options": {"refund": {"reconciler": "find_refund", …}}}}.
+    mcp_servers = models.JSONField(default=dict, blank=True)
+    # The chosen tools as the servers described them when the version was saved, by the name the model
+    # sees: {"refund": {"server", "description", "input_schema", "annotations", "effect", …}}
+    # (tools_app.mcp). A run keeps these whatever the server says later.
+    mcp_tools = models.JSONField(default=dict, blank=True)
     # Defaults and maxima of a run's budgets: {"max_model_calls", "max_tokens", "deadline_seconds"}.
     budgets = models.JSONField(default=dict, blank=True)
     budget_limits = models.JSONField(default=dict, blank=True)

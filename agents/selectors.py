@@ -1,18 +1,24 @@
 """Reads about agents: the list to pick from, one by slug, the default for new sessions, and the
 version a run runs with (kept per process: versions never change)."""
 
+import asyncio
 import functools
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import connections
 from django.utils import timezone
 
 from agents.limits import limit_scopes, window_of
 from agents.models import Agent, AgentVersion
 from sessions_app.selectors import session_customer
-from tools_app.registry import tool_get
+from tools_app.mcp import mcp_tool_build
+from tools_app.registry import Tool, tool_get, tools_in_scope
 from tools_app.selectors import writes_spent
 
 AGENT_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
@@ -30,10 +36,101 @@ def run_agent_version(run) -> AgentVersion | None:
 
 
 def run_offered_tools(run) -> list[str] | None:
-    """The tools the run's model may see and call (its agent version's, besides ask_user); None:
-    a run without an agent version, which is offered every registered tool."""
+    """The tools the run's model may see and call (its agent version's own and MCP tools, besides
+    ask_user); None: a run without an agent version, which is offered every registered tool."""
     version = run_agent_version(run)
-    return list(version.tools) if version is not None else None
+    return [*version.tools, *(version.mcp_tools or {})] if version is not None else None
+
+
+@functools.lru_cache(maxsize=512)
+def version_mcp_tools(version_id: int) -> dict[str, Tool]:
+    """A version's MCP tools, built from its snapshot (tools_app.mcp), kept per process: versions never change."""
+    version = agent_version_get(version_id)
+    return {name: mcp_tool_build(name, entry) for name, entry in (version.mcp_tools or {}).items()}
+
+
+def run_tools_scope(run):
+    """A context in which `tool_get` knows the run's MCP tools as its version snapshotted them."""
+    return tools_in_scope(version_mcp_tools(run.agent_version_id) if run.agent_version_id else None)
+
+
+def mcp_server_drift(*, server_name: str, tools_seen: list[dict]) -> list[dict]:
+    """The agents whose current version snapshotted a tool of this server that the server now
+    describes otherwise (or no longer offers): [{"agent", "version", "tools": {name: "changed"|"removed"}}]."""
+    seen = {tool["name"]: tool for tool in tools_seen}
+    drift = []
+    for agent in Agent.objects.filter(current_version__isnull=False).select_related("current_version").order_by("slug"):
+        version = agent.current_version
+        changed = {}
+        for name, entry in (version.mcp_tools or {}).items():
+            if entry.get("server") != server_name:
+                continue
+            now = seen.get(entry.get("tool", name))
+            if now is None:
+                changed[name] = "removed"
+            elif any(now.get(field) != entry.get(field) for field in ("description", "input_schema", "annotations")):
+                changed[name] = "changed"
+        if changed:
+            drift.append({"agent": agent.slug, "version": version.number, "tools": changed})
+    return drift
+
+
+def run_tool(*, run, name: str) -> Tool | None:
+    """A tool as a run knows it: the deployment's own, or one its version snapshotted from an MCP server."""
+    with run_tools_scope(run):
+        return tool_get(name)
+
+
+# Outside a run (the desk, the console, the API showing a call): the latest version that chose an MCP
+# tool of that name. Which version that is, for every name, is read in one query at most every
+# _LATEST_SECONDS, so a page listing many calls costs no query per call.
+_LATEST_SECONDS = 30.0
+_latest: dict = {"read_at": None, "versions": {}}
+_latest_lock = threading.Lock()
+
+
+def _latest_versions() -> dict[str, int]:
+    try:
+        with connections["default"].cursor() as cursor:
+            cursor.execute('SELECT k.tool, max(v."id") FROM "runs_app_agentversion" v, '
+                           'jsonb_object_keys(v."mcp_tools") AS k(tool) GROUP BY k.tool')
+            return dict(cursor.fetchall())
+    finally:
+        if threading.current_thread().name.startswith("mcp-tool-latest"):
+            connections.close_all()  # the thread's own connection, opened for this one query
+
+
+def mcp_tools_forget() -> None:
+    """Read the map again at the next lookup (an agent version was saved in this process)."""
+    with _latest_lock:
+        _latest.update(read_at=None)
+
+
+def mcp_tool_latest(name: str) -> Tool | None:
+    """An MCP tool by name as the latest agent version that chose it describes it (None: none did)."""
+    now = time.monotonic()
+    with _latest_lock:
+        read_at, versions = _latest["read_at"], _latest["versions"]
+    if read_at is None or now - read_at >= _LATEST_SECONDS:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            versions = _latest_versions()
+        else:
+            # Asked from an event loop (the console's consumer showing a streamed call): the query runs
+            # in a thread of its own, as Django requires.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcp-tool-latest") as pool:
+                versions = pool.submit(_latest_versions).result()
+        with _latest_lock:
+            _latest.update(read_at=now, versions=versions)
+    version_id = versions.get(name)
+    if version_id is None:
+        return None
+    try:
+        return version_mcp_tools(version_id).get(name)
+    except AgentVersion.DoesNotExist:  # versions are never deleted, but a test database is emptied
+        mcp_tools_forget()
+        return None
 
 
 def agent_list() -> list[Agent]:

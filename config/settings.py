@@ -381,6 +381,10 @@ if WARDEN_DEMO and "demo.tools" not in WARDEN_TOOL_MODULES:
     WARDEN_TOOL_MODULES.insert(0, "demo.tools")
 if not WARDEN_DEMO and any(m == "demo" or m.startswith("demo.") for m in WARDEN_TOOL_MODULES):
     raise RuntimeError("WARDEN_TOOL_MODULES names the demo world's tools, which exist only in demo mode: set WARDEN_DEMO=1 or remove them.")
+# WARDEN_MCP_STDIO: whether an MCP server may be a local command over stdio (a process Warden starts
+# for each call, with the credential as its environment); off by default: a deployment that allows it
+# lets whoever may define MCP servers run commands on its workers (docs/EXTENDING.md, "MCP servers").
+WARDEN_MCP_STDIO = _env_bool("WARDEN_MCP_STDIO", False)
 # Model providers by name: the class (dotted path) implementing runs_app.providers.base.Provider.
 # WARDEN_PROVIDER_CLASSES: comma-separated `name=dotted.path.Class` pairs a deployment adds (or
 # overrides) beside the built-in ones — scripted, openai (Chat Completions), openai-responses and

@@ -140,10 +140,10 @@ class EditForm(forms.Form):
     """One field per argument the tool declares (its pydantic model), as text — the tool's schema
     is the judge of what is valid, in the action — and the reason."""
 
-    def __init__(self, *args, arguments_model, current: dict, **kwargs):
+    def __init__(self, *args, arguments: dict[str, str], current: dict, **kwargs):
         super().__init__(*args, **kwargs)
         self.structured = set()
-        for name, info in arguments_model.model_fields.items():
+        for name, description in arguments.items():
             value = current.get(name, "")
             if isinstance(value, (dict, list)):
                 # Anything but a scalar is edited as JSON.
@@ -151,7 +151,7 @@ class EditForm(forms.Form):
                 value = json.dumps(value)
             self.fields[f"arg_{name}"] = forms.CharField(
                 label=name, initial="" if value is None else str(value), required=False, strip=True,
-                help_text=info.description or "", widget=forms.TextInput(attrs={"class": "desk-edit-field", "autocomplete": "off"}))
+                help_text=description, widget=forms.TextInput(attrs={"class": "desk-edit-field", "autocomplete": "off"}))
         self.fields["reason"] = forms.CharField(
             label="Reason", widget=forms.Textarea(attrs={"rows": 3, "cols": 70}), max_length=EDIT_REASON_CHARS, strip=True,
             help_text="Required. Why the call should run with these arguments: for the desk and the audit trail; "
@@ -191,7 +191,7 @@ def approval_edit_view(request, *, model_admin, object_id: str):
         refusal = f"Already {approval.status}: it can no longer be edited."
     if not refusal and tool is None:
         refusal = f"The tool {call.tool_name} is not installed here; its calls cannot be edited."
-    form = EditForm(request.POST or None, arguments_model=tool.arguments, current=call.arguments) if tool else None
+    form = EditForm(request.POST or None, arguments=tool.argument_fields(), current=call.arguments) if tool else None
     if refusal:
         messages.error(request, f"You may not edit this request: {refusal}")
         status = 403

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
+from agents.selectors import run_tools_scope
 from config.logs import log_context
 from config.tracing import span, span_set
 from engine import model_step, tool_exec
@@ -73,7 +74,7 @@ def _drive_claimed(lease: Lease) -> str:
     beat = keeper.hold(lease)
     driver = Driver(lease, beat)
     try:
-        with interruptible(beat.interrupt):
+        with interruptible(beat.interrupt), run_tools_scope(lease.run or Run.objects.only("agent_version_id").get(pk=run_id)):
             return driver.drive()
     except LeaseLost:
         # A fenced write matched no row (or the heartbeat found the token gone first): another

@@ -143,3 +143,47 @@ class UnknownToolCall(ToolCall):
         proxy = True
         ordering = ["created_at"]
         verbose_name = "unknown tool call"
+
+
+class McpTransport(models.TextChoices):
+    HTTP = "http", "Streamable HTTP"
+    STDIO = "stdio", "A local command over stdio"
+
+
+class McpServer(models.Model):
+    """A Model Context Protocol server whose tools an agent version may use (docs/EXTENDING.md, "MCP
+    servers"): where it is and the credential it wants. A version snapshots the tools it chose
+    (AgentVersion.mcp_tools), so the server changing them changes no run; `tools_seen` is what the
+    server listed when last checked, which the desk compares with the agents' snapshots. Changed
+    through engine.actions.mcp_servers only."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.SlugField(max_length=64, unique=True, help_text="Agent definitions name the server by it.")
+    transport = models.CharField(max_length=8, choices=McpTransport.choices, default=McpTransport.HTTP)
+    url = models.URLField(max_length=300, blank=True, default="",
+                          help_text="Streamable HTTP only: the server's MCP endpoint, e.g. https://mcp.example.com/mcp.")
+    # Stdio only, and only where WARDEN_MCP_STDIO is on: the command and its arguments.
+    command = models.JSONField(default=list, blank=True)
+    # Sealed (config.secrets): a JSON object of HTTP headers (e.g. Authorization) or, for stdio,
+    # environment variables. Never shown, logged or traced; sent only to the server itself.
+    credential = models.TextField(blank=True, default="", editable=False)
+    timeout_seconds = models.FloatField(default=30.0, help_text="The most a call may take, unless the agent sets a tool's own.")
+    tools_seen = models.JSONField(default=list, blank=True, editable=False)
+    tools_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    check_error = models.TextField(blank=True, default="", editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+        constraints = [
+            models.CheckConstraint(condition=Q(transport__in=McpTransport.values), name="mcp_server_transport_valid"),
+            models.CheckConstraint(condition=(Q(transport=McpTransport.HTTP) & ~Q(url=""))
+                                   | (Q(transport=McpTransport.STDIO) & Q(url="")),
+                                   name="mcp_server_url_iff_http"),
+            models.CheckConstraint(condition=Q(timeout_seconds__gt=0), name="mcp_server_timeout_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,6 +1,8 @@
 """The tool registry: a tool is declared once, with everything the run-time needs to decide
 whether, when and how it runs (SPEC §6)."""
 
+import contextlib
+import contextvars
 import hashlib
 import json
 from decimal import Decimal, InvalidOperation
@@ -138,6 +140,13 @@ class Tool:
         text = " ".join(str(text or "").split())
         return text[:SUMMARY_MAX_CHARS] or None
 
+    def argument_fields(self) -> dict[str, str]:
+        """The tool's arguments by name, with their descriptions (an MCP tool's from its JSON schema)."""
+        described = getattr(self.arguments, "described_fields", None)
+        if described is not None:
+            return described()
+        return {name: info.description or "" for name, info in self.arguments.model_fields.items()}
+
     def openai_schema(self) -> dict:
         return {
             "type": "function",
@@ -204,8 +213,46 @@ def tool_register(tool: Tool) -> Tool:
     return tool
 
 
-def tool_get(name: str) -> Tool | None:
+# Tools that are not the deployment's own modules' — an agent version's MCP tools (tools_app.mcp) —
+# are the version's: the engine puts a run's in scope while it drives the run (`tools_in_scope`),
+# and elsewhere (the desk, the console, the API showing a call) `_ELSEWHERE`, filled in by the
+# agents app, finds the latest version that has a tool of that name.
+_SCOPE: contextvars.ContextVar[dict[str, Tool] | None] = contextvars.ContextVar("warden_tools_in_scope", default=None)
+_ELSEWHERE: list[Callable[[str], Tool | None]] = []
+
+
+@contextlib.contextmanager
+def tools_in_scope(tools: dict[str, Tool] | None):
+    """`tool_get` also answers with `tools` (by name) in this context: a run's own tool set."""
+    token = _SCOPE.set(tools or None)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def tool_resolver_add(resolve: Callable[[str], Tool | None]) -> None:
+    """An extension point: how a tool that is neither registered nor in scope is found (agents app)."""
+    if resolve not in _ELSEWHERE:
+        _ELSEWHERE.append(resolve)
+
+
+def tool_registered(name: str) -> Tool | None:
+    """One of the deployment's own tools (WARDEN_TOOL_MODULES) or ask_user; None for any other name."""
     return _REGISTRY.get(name)
+
+
+def tool_get(name: str) -> Tool | None:
+    tool = _REGISTRY.get(name)
+    if tool is not None:
+        return tool
+    scope = _SCOPE.get()
+    if scope is not None and name in scope:
+        return scope[name]
+    for resolve in _ELSEWHERE:
+        if (found := resolve(name)) is not None:
+            return found
+    return None
 
 
 def tool_list() -> list[Tool]:
@@ -224,7 +271,9 @@ def tool_schemas(names: list[str] | None = None) -> list[dict[str, Any]]:
     for name in offered:
         if name not in _SCHEMA_OF:
             _SCHEMA_OF[name] = _REGISTRY[name].openai_schema()
-    return [_SCHEMA_OF[name] for name in offered]
+    scope = _SCOPE.get() or {}
+    return [_SCHEMA_OF[name] for name in offered] + [scope[name].openai_schema() for name in names
+                                                    if name not in _REGISTRY and name in scope]
 
 
 # --- the run-time's own tool ------------------------------------------------------------------

@@ -29,6 +29,7 @@ from config.errors import WardenError
 from engine.actions.runs import run_resume
 from engine.guards import write_recheck
 from agents.limits import TIER_ORDER
+from agents.selectors import run_tool
 from notifications.notices import approval_notices
 from notifications.outbox import deliveries_soon
 from engine.state import approval_close, run_event_append, run_transition, tool_call_transition
@@ -37,7 +38,6 @@ from runs_app.models import Run, RunEvent, RunStatus, WaitReason
 from sessions_app.services import messages_append, session_lock
 from tools_app.models import ToolCall, ToolCallStatus
 from tools_app.outcomes import CUSTOMER_MESSAGE_CHARS, code_text, decision_text
-from tools_app.registry import tool_get
 from tools_app.services import tool_call_digest, tool_call_event, tool_call_message
 
 
@@ -190,7 +190,7 @@ def approval_edit(*, approval: Approval, arguments: dict, reason: str, acting_us
         raise WardenError(ApprovalRefusal.INVALID_EDIT, "Say why you change the request: a reason is required.")
     if len(reason) > EDIT_REASON_CHARS:
         raise WardenError(ApprovalRefusal.INVALID_EDIT, f"The reason may hold at most {EDIT_REASON_CHARS} characters.")
-    tool = tool_get(call.tool_name)
+    tool = run_tool(run=approval.run, name=call.tool_name)
     if tool is None:
         raise WardenError(ApprovalRefusal.INVALID_EDIT, f"The tool {call.tool_name} is not installed here; "
                                                         "its calls cannot be edited.")

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from access import policy as access
-from agents.selectors import run_agent_version
+from agents.selectors import run_agent_version, run_tool
 from approvals_app.services import audit_record
 from config.errors import WardenError
 from engine.actions.runs import run_resume
@@ -20,7 +20,7 @@ from sessions_app.services import messages_append, session_lock
 from tools_app.errors import ToolCallRefusal
 from tools_app.models import Resolution, ToolCall, ToolCallStatus
 from tools_app.outcomes import code_text
-from tools_app.registry import ToolContext, tool_get
+from tools_app.registry import ToolContext
 from tools_app.services import tool_call_event, tool_call_message
 
 logger = logging.getLogger("warden.reconcile")
@@ -37,11 +37,11 @@ def tool_call_reconcile_auto(*, tool_call: ToolCall, acting_user=None) -> str:
         _check_reconciler(acting_user, tool_call)
         audit_record(actor=acting_user, action="reconcile_query", obj=tool_call, run_id=tool_call.run_id,
                      before={"status": tool_call.status}, after={"requested": "downstream lookup"})
-    tool = tool_get(tool_call.tool_name)
+    run = Run.objects.only("session_id", "agent_version_id").get(pk=tool_call.run_id)
+    tool = run_tool(run=run, name=tool_call.tool_name)
     if tool is None or tool.reconcile is None:
         _give_up(tool_call=tool_call, reason="the tool has no reconcile function", changes={})
         return "manual"
-    run = Run.objects.only("session_id", "agent_version_id").get(pk=tool_call.run_id)
     version = run_agent_version(run)
     context = ToolContext(
         run_id=str(tool_call.run_id), session_id=str(run.session_id), tool_call_id=str(tool_call.id),

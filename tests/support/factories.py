@@ -445,3 +445,13 @@ class SavedViewFactory(factory.django.DjangoModelFactory):
     owner = factory.SubFactory(UserFactory)
     name = factory.Sequence(lambda n: f"view {n}")
     url = "/admin/approvals_app/approval/?assigned=mine"
+
+
+class McpServerFactory(factory.django.DjangoModelFactory):
+    """An MCP server's row (engine.actions.mcp_servers.mcp_server_save saves real ones, credential sealed)."""
+
+    class Meta:
+        model = "tools_app.McpServer"
+
+    name = factory.Sequence(lambda n: f"mcp-{n}")
+    url = factory.Sequence(lambda n: f"http://127.0.0.1:9/mcp/{n}")
