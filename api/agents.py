@@ -11,8 +11,20 @@ from access import policy as access
 from agents.selectors import agent_get, agent_list
 from api.base import BodyIn, COMMON_ERRORS, ShownJSON, StorableJSON, StorableText, errors
 from engine.actions.agents import agent_save
+from tools_app.mcp import mcp_effect
 
 router = Router(tags=["agents"])
+
+MCP_SERVERS_DESCRIPTION = ('{"<server>": {"tools": ["<tool>", …], "options": {"<tool>": {"reconciler": "<tool>", '
+                           '"business_key": "<argument>", "approval": "none|user|operator", "timeout": N, …}}}}: '
+                           "MCP servers (defined on the desk) and the tools chosen from each")
+
+
+class McpToolOut(Schema):
+    name: str = Field(description="the name the agent's model sees")
+    server: str = Field(description="the MCP server it lives on")
+    effect: str = Field(description="`read` when the server marks it readOnlyHint (or the agent says so), else `write`")
+    description: str = Field(description="as the server described it when the version was saved")
 
 
 class AgentVersionOut(Schema):
@@ -41,6 +53,9 @@ class AgentVersionOut(Schema):
                                                      '"escalate_after": "30m", "escalate_to": "<group>"}}: who is told '
                                                      'of a request, when they are reminded and when it escalates '
                                                      '(docs/NOTIFICATIONS.md)')
+    mcp_servers: ShownJSON = Field(description=MCP_SERVERS_DESCRIPTION)
+    mcp_tools: list[McpToolOut] = Field(description="the MCP tools this version keeps, as their servers described them "
+                                                    "when it was saved (a server changing them later changes no version)")
     created_by: str | None
     created_at: datetime
 
@@ -51,6 +66,12 @@ class AgentVersionOut(Schema):
     @staticmethod
     def resolve_fallback_endpoint(version) -> str:
         return version.fallback_endpoint.name if version.fallback_endpoint_id else ""
+
+    @staticmethod
+    def resolve_mcp_tools(version) -> list[dict]:
+        return [{"name": name, "server": entry.get("server", ""), "effect": str(mcp_effect(entry)),
+                 "description": entry.get("description") or ""}
+                for name, entry in sorted((version.mcp_tools or {}).items())]
 
     @staticmethod
     def resolve_created_by(version) -> str | None:
@@ -97,6 +118,7 @@ class AgentIn(BodyIn):
     write_caps: StorableJSON = Field(default_factory=dict)
     limits: StorableJSON = Field(default_factory=dict)
     approval_service_levels: StorableJSON = Field(default_factory=dict)
+    mcp_servers: StorableJSON = Field(default_factory=dict, description=MCP_SERVERS_DESCRIPTION)
 
 
 def _visible_agent(request, slug: str):

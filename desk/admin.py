@@ -5,7 +5,8 @@ an operator acts on) after it under "Administration", for superusers only."""
 from django.contrib import admin
 
 from desk import (  # noqa: F401
-    agents, approvals, delegations, endpoints, freezes, ledger, notifications, operations, runs, sessions, tool_calls,
+    agents, approvals, delegations, endpoints, freezes, ledger, mcp_servers, notifications, operations, runs, sessions,
+    tool_calls,
 )
 
 # The operators' sections in the order of their work: what waits for a decision first.

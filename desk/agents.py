@@ -12,7 +12,7 @@ from agents.definitions import AgentDefinitionInvalid, agent_definition_check
 from agents.models import Agent, AgentVersion
 from desk.base import ReadOnlyAdmin, ReadOnlyInline
 from desk.display import pretty_json
-from engine.actions.agents import agent_definition_of, agent_save
+from engine.actions.agents import agent_definition_of, agent_save, mcp_snapshot_take
 from runs_app.endpoints import endpoint_names
 
 
@@ -27,7 +27,7 @@ class AgentForm(forms.ModelForm):
     nothing is saved."""
 
     JSON_FIELDS = ("provider_options", "budgets", "budget_limits", "approval_rules", "write_caps", "limits",
-                   "approval_service_levels")
+                   "approval_service_levels", "mcp_servers")
 
     instructions = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 90}),
                                    help_text="The system prompt the agent's model gets.")
@@ -65,6 +65,12 @@ class AgentForm(forms.ModelForm):
         'JSON per tier: {"operator": {"notify": "operators", "remind_after": "10m", "escalate_after": "30m", '
         '"escalate_to": "leads"}} — whom to tell of a request (a group; left out: everyone who may decide), when to '
         "remind them and when to tell a second group too. An escalation never decides anything (docs/NOTIFICATIONS.md).")
+    mcp_servers = _json_field(
+        "MCP servers",
+        'JSON per server (the desk\'s MCP servers) and the tools chosen from it: {"payments": {"tools": ["lookup_order", '
+        '"refund"], "options": {"refund": {"reconciler": "find_refund", "business_key": "order_id"}}}} — the servers are '
+        "asked for those tools when saving, and the version keeps what they said (a server changing its tools changes "
+        "no version). A write waits for an operator unless the server calls it non-destructive or a rule says otherwise.")
     interjection_classifier = forms.ChoiceField(choices=[("model", "the agent's model"), ("keywords", "keyword rules")],
                                                 initial="model")
 
@@ -104,7 +110,9 @@ class AgentForm(forms.ModelForm):
         if self.errors:
             return cleaned
         try:
-            self.definition = agent_definition_check(definition)
+            # The servers asked now, as agent_save will: an unreachable one or a tool it lacks is named here.
+            mcp_tools = mcp_snapshot_take(definition["mcp_servers"])
+            self.definition = agent_definition_check(definition, mcp_tools=mcp_tools)
         except AgentDefinitionInvalid as error:
             for where, message in error.errors.items():
                 field = where.split(".")[0].split("[")[0]
@@ -112,12 +120,24 @@ class AgentForm(forms.ModelForm):
         return cleaned
 
 
+def mcp_tools_by_server(version: AgentVersion) -> str:
+    """The tools a version snapshotted, per server: "payments: lookup_order, refund"."""
+    servers: dict[str, list[str]] = {}
+    for name, entry in sorted((version.mcp_tools or {}).items()):
+        servers.setdefault(entry.get("server", "?"), []).append(name)
+    return "; ".join(f"{server}: {', '.join(tools)}" for server, tools in sorted(servers.items())) or "—"
+
+
 class AgentVersionInline(ReadOnlyInline):
     model = AgentVersion
     fk_name = "agent"
-    fields = ("number", "name", "provider", "endpoint", "model", "tools", "created_by", "created_at")
+    fields = ("number", "name", "provider", "endpoint", "model", "tools", "mcp_tools_list", "created_by", "created_at")
     readonly_fields = fields
     ordering = ("-number",)
+
+    @admin.display(description="MCP tools")
+    def mcp_tools_list(self, obj):
+        return mcp_tools_by_server(obj)
 
 
 @admin.register(Agent)
@@ -133,6 +153,7 @@ class AgentAdmin(admin.ModelAdmin):
                            "fallback_model", "tools", "interjection_classifier")}),
         ("Approval rules", {"fields": ("approval_rules", "approval_service_levels")}),
         ("Limits on money", {"fields": ("write_caps", "limits")}),
+        ("MCP servers", {"fields": ("mcp_servers",)}),
         ("Budgets and provider options", {"fields": ("budgets", "budget_limits", "provider_options")}),
     )
 
@@ -158,7 +179,8 @@ class AgentAdmin(admin.ModelAdmin):
         return False  # runs point at its versions for good
 
     def save_model(self, request, obj, form, change):
-        version = agent_save(definition=form.definition, acting_user=request.user, agent=obj if change else None)
+        version = agent_save(definition=form.definition, acting_user=request.user, agent=obj if change else None,
+                             mcp_tools=form.definition["mcp_tools"])
         obj.pk, obj.slug, obj.current_version = version.agent_id, version.agent.slug, version
         messages.info(request, f"Saved as version {version.number}; runs under way keep the version they started with.")
 
@@ -188,7 +210,7 @@ class AgentVersionAdmin(ReadOnlyAdmin):
 
     list_display = ("agent", "number", "provider", "endpoint", "model", "created_by", "created_at")
     list_select_related = ("agent", "created_by", "endpoint")
-    readonly_fields = ("approval_rules_pretty", "provider_options_pretty")
+    readonly_fields = ("approval_rules_pretty", "provider_options_pretty", "mcp_servers_pretty", "mcp_tools_list")
 
     def has_view_permission(self, request, obj=None):
         return access.can_see_agents(user=request.user)
@@ -203,3 +225,11 @@ class AgentVersionAdmin(ReadOnlyAdmin):
     @admin.display(description="provider options")
     def provider_options_pretty(self, obj):
         return pretty_json(obj.provider_options)
+
+    @admin.display(description="MCP servers")
+    def mcp_servers_pretty(self, obj):
+        return pretty_json(obj.mcp_servers)
+
+    @admin.display(description="MCP tools (as the servers described them when saved)")
+    def mcp_tools_list(self, obj):
+        return mcp_tools_by_server(obj)
