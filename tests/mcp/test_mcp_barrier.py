@@ -17,7 +17,7 @@ from engine.actions.mcp_servers import McpServerInvalid, mcp_server_save
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
 from engine.loop import run_drive
-from runs_app.models import Run, RunStatus, WaitReason
+from runs_app.models import Run, RunEvent, RunStatus, WaitReason
 from agents.definitions import AgentDefinitionInvalid
 from tests.support.agents import define
 from tests.support.factories import UserFactory
@@ -94,6 +94,32 @@ def test_a_version_cannot_be_saved_while_its_server_cannot_list_its_tools(admin_
         version_defined = _agent(admin_user, [])
     assert version_defined is None
     assert "could not list the tools of MCP server payments" in refused.value.errors["mcp_servers.payments"]
+
+
+def test_fields_the_servers_schema_does_not_name_are_dropped_before_sending(payments, admin_user):
+    _server(payments.url, admin_user)
+    asked = {"name": "refund", "arguments": {**REFUND["arguments"], "approved_by": "admin", "override_limits": True}}
+    run = _run(_agent(admin_user, [{"calls": [asked]}, {"text": "Done."}]))
+    call = ToolCall.objects.get(run=run)
+    assert call.status == ToolCallStatus.SUCCEEDED and call.arguments == REFUND["arguments"]
+    (sent,) = payments.calls("refund")
+    assert sent["arguments"] == REFUND["arguments"]
+
+
+@pytest.mark.parametrize("fault", ["truncated_args", "invalid_json", "schema_invalid"])
+def test_a_truncated_or_invalid_call_of_an_mcp_tool_is_never_sent(payments, admin_user, fault):
+    _server(payments.url, admin_user)
+    version = _agent(admin_user, [{"calls": [REFUND]}, {"text": "Done."}])
+    customer = UserFactory()
+    session = session_open(owner=customer, title="faults", agent=version.agent)
+    run = message_post(session=session, content="Refund 9527", acting_user=customer,
+                       provider_options={"delay": 0, "faults": [fault]}).run
+    run_drive(run_id=str(run.id))
+    (discarded,) = RunEvent.objects.filter(run=run, type="step_discarded")
+    assert "refund" in discarded.payload["reason"] or "length" in discarded.payload["reason"] \
+        or "truncated" in discarded.payload["reason"], discarded.payload
+    # The model was asked again (its next turn answers in words): the refund was never made or sent.
+    assert not ToolCall.objects.filter(run=run).exists() and payments.calls() == []
 
 
 def test_reads_are_retried_with_backoff_and_writes_never_when_the_server_goes_away(payments, admin_user):
