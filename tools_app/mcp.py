@@ -49,6 +49,8 @@ RECONCILER_ARGUMENT = "idempotency_key"
 # JSON-RPC errors that say the request itself was refused (so nothing was done): invalid request,
 # method not found, invalid params.
 _REFUSED_CODES = {-32600, -32601, -32602}
+# How much longer than an MCP tool's timeout the barrier waits for the call to give up on its own.
+_GIVE_UP_GRACE = 2.0
 # What the SDK's client raises when its own read timeout passes (no answer, not the server's error).
 _SDK_TIMEOUT_CODE = -32001
 # What a tool's options in an agent definition may set (agents.definitions checks them).
@@ -402,7 +404,9 @@ def mcp_tool_build(name: str, entry: dict) -> Tool:
 
     return Tool(
         name=name, description=entry.get("description") or name, arguments=_arguments_class(name, schema), effect=effect,
-        execute=execute, approval=mcp_default_approval(entry), timeout=timeout,
+        # The call gives up at `timeout` itself, saying which server; the barrier's own bound
+        # (engine.tool_exec) is a moment later, for a call that hangs even in giving up.
+        execute=execute, approval=mcp_default_approval(entry), timeout=timeout + _GIVE_UP_GRACE,
         max_attempts=int(options.get("max_attempts") or 3), reconcile=reconcile, business_key=business_key,
         amount=options.get("amount"), currency=options.get("currency"), currency_argument=options.get("currency_argument"),
         counterparty=options.get("counterparty"), reference=options.get("reference"), summary=options.get("summary"),
