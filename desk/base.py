@@ -63,6 +63,20 @@ class BusinessKeySearch:
         return self.search_business_keys(queryset, term), False
 
 
+class FormForTheUser:
+    """A ModelAdmin mixin: its form is made with the signed-in user (`user=`), for a form whose clean
+    calls the action that saves it, which asks who acts (freezes, delegations, MCP servers)."""
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+
+        class WithUser(form):
+            def __init__(self, *args, **inner):
+                super().__init__(*args, user=request.user, **inner)
+
+        return WithUser
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     # Counts beside every filter choice cost a scan each over a big table: the desk does without.
     show_facets = admin.ShowFacets.NEVER

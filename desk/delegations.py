@@ -16,7 +16,7 @@ from django.utils import timezone
 from access import policy as access
 from approvals_app.models import ApprovalLink, Delegation
 from config.errors import WardenError
-from desk.base import PolicyScopedAdmin, form_refused
+from desk.base import FormForTheUser, PolicyScopedAdmin, form_refused
 from desk.display import badge
 from engine.actions.delegations import delegation_revoke, delegation_set
 
@@ -63,7 +63,7 @@ class DelegationForm(forms.ModelForm):
 
 
 @admin.register(Delegation)
-class DelegationAdmin(admin.ModelAdmin):
+class DelegationAdmin(FormForTheUser, admin.ModelAdmin):
     """One's own delegations, given and held (a superuser sees all). Adding one sets it at once;
     "Revoke" ends it now. A delegation is never edited: revoke it and set another."""
 
@@ -78,15 +78,6 @@ class DelegationAdmin(admin.ModelAdmin):
         if request.user.is_superuser:
             return queryset
         return queryset.filter(Q(delegator_id=request.user.pk) | Q(delegate_id=request.user.pk))
-
-    def get_form(self, request, obj=None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
-
-        class WithUser(form):
-            def __init__(self, *args, **inner):
-                super().__init__(*args, user=request.user, **inner)
-
-        return WithUser
 
     def get_fields(self, request, obj=None):
         fields = ("delegator", "delegate", "starts_at", "ends_at", "reason")

@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from access import policy as access
 from approvals_app.models import Freeze, FreezeMode, FreezeScope
 from config.errors import WardenError
-from desk.base import form_refused
+from desk.base import FormForTheUser, form_refused
 from desk.display import badge
 from engine.actions.freezes import freeze_lift, freeze_set
 
@@ -41,7 +41,7 @@ class FreezeForm(forms.ModelForm):
 
 
 @admin.register(Freeze)
-class FreezeAdmin(admin.ModelAdmin):
+class FreezeAdmin(FormForTheUser, admin.ModelAdmin):
     """Freezes in force first. Adding one freezes at once (its commit is the moment); "Lift" resumes
     the runs it held."""
 
@@ -50,15 +50,6 @@ class FreezeAdmin(admin.ModelAdmin):
     list_filter = ("scope", "mode")
     actions = ("lift_selected",)
     ordering = ("lifted_at", "-created_at")
-
-    def get_form(self, request, obj=None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
-
-        class WithUser(form):
-            def __init__(self, *args, **inner):
-                super().__init__(*args, user=request.user, **inner)
-
-        return WithUser
 
     def save_model(self, request, obj, form, change):
         pass  # freeze_set saved it (in the form's clean), audited

@@ -20,7 +20,7 @@ from access import policy as access
 from agents.models import Agent
 from agents.selectors import mcp_server_drift
 from config.errors import WardenError
-from desk.base import form_refused
+from desk.base import FormForTheUser, form_refused
 from desk.display import age
 from engine.actions.mcp_servers import FIELDS, McpServerInvalid, mcp_credential_parse, mcp_server_check, mcp_server_save
 from tools_app.errors import McpServerRefusal
@@ -90,7 +90,7 @@ class McpServerForm(forms.ModelForm):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(FormForTheUser, admin.ModelAdmin):
     """Only holders of tools_app.change_mcpserver (the access policy) see or change MCP servers: the
     page holds where a credential goes. None is deleted: agent versions name it."""
 
@@ -104,15 +104,6 @@ class McpServerAdmin(admin.ModelAdmin):
         ("Tools", {"fields": ("tools_check", "check_error_shown", "tools_last_seen")}),
         (None, {"fields": ("created_at", "updated_at")}),
     )
-
-    def get_form(self, request, obj=None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
-
-        class WithUser(form):
-            def __init__(self, *args, **inner):
-                super().__init__(*args, user=request.user, **inner)
-
-        return WithUser
 
     def get_fieldsets(self, request, obj=None):
         if obj is None:  # nothing set or checked yet: the tools come with the first check
