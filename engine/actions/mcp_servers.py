@@ -114,6 +114,9 @@ def _checked(values: dict) -> dict:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
             errors["url"] = "an http(s) URL of the server's MCP endpoint, without a user or password in it (the credential holds those)"
+        elif parts.query or parts.fragment:
+            # The URL is shown on the desk and in errors; a key in its query would be too.
+            errors["url"] = "the MCP endpoint without a query or fragment: a key goes in the credential, never in the URL"
         command = []
     else:
         if not settings.WARDEN_MCP_STDIO:

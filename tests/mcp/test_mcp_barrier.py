@@ -10,6 +10,8 @@ import uuid
 import pytest
 from django.test import override_settings
 
+from agents.definitions import AgentDefinitionInvalid
+from agents.models import AgentVersion
 from approvals_app.models import Approval
 from config.errors import WardenError
 from engine.actions.freezes import freeze_set
@@ -18,11 +20,10 @@ from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
 from engine.loop import run_drive
 from runs_app.models import Run, RunEvent, RunStatus, WaitReason
-from agents.definitions import AgentDefinitionInvalid
 from tests.support.agents import define
 from tests.support.factories import UserFactory
 from tests.support.mcp_server import McpPaymentsServer
-from tools_app.models import ToolCall, ToolCallStatus
+from tools_app.models import McpServer, ToolCall, ToolCallStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -215,8 +216,6 @@ def test_a_stdio_server_only_where_the_deployment_allows_it(admin_user):
     ({"payments": {"tools": []}}, "mcp_servers.payments.tools", "at least one"),
 ])
 def test_a_definition_naming_what_is_not_there_is_refused_by_field_and_nothing_saved(payments, admin_user, servers, field, words):
-    from agents.models import AgentVersion  # counted before and after
-
     _server(payments.url, admin_user)
     before = AgentVersion.objects.count()
     with pytest.raises(AgentDefinitionInvalid) as refused:
@@ -234,6 +233,15 @@ def test_rules_on_an_mcp_tool_name_its_arguments_and_a_read_takes_no_rules(payme
     errors = refused.value.errors
     assert "total" in errors["approval_rules.refund[0].when"]
     assert "read tool" in errors["approval_rules.lookup_order"]
+
+
+@pytest.mark.parametrize("url", ["https://mcp.example.com/mcp?api_key=sk-live-123", "https://u:p@mcp.example.com/mcp",
+                                 "ftp://mcp.example.com/mcp"])
+def test_a_url_carrying_a_secret_or_not_http_is_refused_and_nothing_saved(admin_user, url):
+    with pytest.raises(McpServerInvalid) as refused:
+        mcp_server_save(acting_user=admin_user, fields={"name": "leaky", "url": url})
+    assert "url" in refused.value.errors and "sk-live-123" not in str(refused.value)
+    assert not McpServer.objects.filter(name="leaky").exists()
 
 
 def test_only_those_who_may_define_servers_do(admin_user):
