@@ -1,12 +1,10 @@
 """Reads about agents: the list to pick from, one by slug, the default for new sessions, and the
 version a run runs with (kept per process: versions never change)."""
 
-import asyncio
 import functools
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -16,6 +14,7 @@ from django.utils import timezone
 
 from agents.limits import limit_scopes, window_of
 from agents.models import Agent, AgentVersion
+from config.threads import off_the_event_loop
 from sessions_app.selectors import session_customer
 from tools_app.mcp import mcp_tool_build
 from tools_app.registry import Tool, tool_get, tools_in_scope
@@ -83,21 +82,11 @@ def run_tool(*, run, name: str) -> Tool | None:
 
 # Outside a run (the desk, the console, the API showing a call): the latest version that chose an MCP
 # tool of that name. Which version that is, for every name, is read in one query at most every
-# _LATEST_SECONDS, so a page listing many calls costs no query per call.
+# _LATEST_SECONDS, so a page listing many calls costs no query per call; the tools found are kept
+# with it, so a lookup asked from an event loop needs a thread only when it reads.
 _LATEST_SECONDS = 30.0
-_latest: dict = {"read_at": None, "versions": {}}
+_latest: dict = {"read_at": None, "versions": {}, "tools": {}}
 _latest_lock = threading.Lock()
-
-
-def _latest_versions() -> dict[str, int]:
-    try:
-        with connections["default"].cursor() as cursor:
-            cursor.execute('SELECT k.tool, max(v."id") FROM "runs_app_agentversion" v, '
-                           'jsonb_object_keys(v."mcp_tools") AS k(tool) GROUP BY k.tool')
-            return dict(cursor.fetchall())
-    finally:
-        if threading.current_thread().name.startswith("mcp-tool-latest"):
-            connections.close_all()  # the thread's own connection, opened for this one query
 
 
 def mcp_tools_forget() -> None:
@@ -108,29 +97,33 @@ def mcp_tools_forget() -> None:
 
 def mcp_tool_latest(name: str) -> Tool | None:
     """An MCP tool by name as the latest agent version that chose it describes it (None: none did)."""
+    with _latest_lock:
+        fresh = _latest["read_at"] is not None and time.monotonic() - _latest["read_at"] < _LATEST_SECONDS
+        if fresh and name in _latest["tools"]:
+            return _latest["tools"][name]
+    return off_the_event_loop(_latest_read, name)
+
+
+def _latest_read(name: str) -> Tool | None:
     now = time.monotonic()
     with _latest_lock:
         read_at, versions = _latest["read_at"], _latest["versions"]
     if read_at is None or now - read_at >= _LATEST_SECONDS:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            versions = _latest_versions()
-        else:
-            # Asked from an event loop (the console's consumer showing a streamed call): the query runs
-            # in a thread of its own, as Django requires.
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcp-tool-latest") as pool:
-                versions = pool.submit(_latest_versions).result()
+        with connections["default"].cursor() as cursor:
+            cursor.execute('SELECT k.tool, max(v."id") FROM "runs_app_agentversion" v, '
+                           'jsonb_object_keys(v."mcp_tools") AS k(tool) GROUP BY k.tool')
+            versions = dict(cursor.fetchall())
         with _latest_lock:
-            _latest.update(read_at=now, versions=versions)
+            _latest.update(read_at=now, versions=versions, tools={})
     version_id = versions.get(name)
-    if version_id is None:
-        return None
     try:
-        return version_mcp_tools(version_id).get(name)
+        tool = version_mcp_tools(version_id).get(name) if version_id is not None else None
     except AgentVersion.DoesNotExist:  # versions are never deleted, but a test database is emptied
         mcp_tools_forget()
         return None
+    with _latest_lock:
+        _latest["tools"][name] = tool
+    return tool
 
 
 def agent_list() -> list[Agent]:

@@ -21,11 +21,8 @@ What a call's failure means (`mcp_call`; the table in docs/EXTENDING.md):
   reconciliation asks the server's reconciler tool by key, or an operator decides.
 """
 
-import asyncio
-import functools
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
@@ -37,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from config.secrets import secret_open
+from config.threads import off_the_event_loop
 from tools_app.models import McpServer, McpTransport, ToolEffect
 from tools_app.registry import ApprovalRequirement, Reconciled, Tool, ToolContext, ToolError, ToolOutcomeUnknown
 
@@ -72,6 +70,7 @@ class McpArguments(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     _schema: dict = {}
+    _validator = None  # the schema's validator, made once per tool (`_arguments_class`)
 
     @classmethod
     def model_validate(cls, obj: Any, *args, **kwargs) -> "McpArguments":
@@ -82,8 +81,7 @@ class McpArguments(BaseModel):
         properties = schema.get("properties")
         if isinstance(properties, dict) and schema.get("additionalProperties") is not True:
             obj = {key: value for key, value in obj.items() if key in properties}
-        validator = _validator(json.dumps(schema, sort_keys=True))
-        errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+        errors = sorted(cls._validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
                 type=PydanticCustomError("mcp_schema", "{reason}", {"reason": error.message[:300]}),
@@ -113,13 +111,6 @@ def _missing_field(error) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=256)
-def _validator(schema_text: str):
-    schema = json.loads(schema_text)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
-
-
 def mcp_schema_problem(schema: Any) -> str:
     """Why `schema` cannot be a tool's input schema ("" when it can): a JSON object schema, valid."""
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
@@ -134,7 +125,8 @@ def mcp_schema_problem(schema: Any) -> str:
 
 def _arguments_class(name: str, schema: dict) -> type[McpArguments]:
     cls = type(f"McpArguments_{name}", (McpArguments,), {"__module__": __name__})
-    cls._schema = schema
+    validating = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls._schema, cls._validator = schema, validating(schema, format_checker=validating.FORMAT_CHECKER)
     return cls
 
 
@@ -179,14 +171,8 @@ def _client(server: McpServer, *, extra_headers: dict[str, str], timeout: float,
 
 
 def _run(coroutine_function, *args):
-    """Run the SDK's coroutine to its end from synchronous code — in a thread of its own when this
-    thread already runs an event loop (an async view, a consumer), where a second loop cannot start."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return anyio.run(coroutine_function, *args)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcp-call") as pool:
-        return pool.submit(anyio.run, coroutine_function, *args).result()
+    """Run the SDK's coroutine to its end from synchronous code (off an event loop this thread may run)."""
+    return off_the_event_loop(anyio.run, coroutine_function, *args)
 
 
 def mcp_tools_list(server: McpServer, *, timeout: float | None = None) -> list[dict]:

@@ -4,6 +4,7 @@ writes never, the freeze switch, cumulative limits and business keys across runs
 writes as to native ones, stdio servers only where the deployment allows them, and definitions that
 name what does not exist refused by field (docs/EXTENDING.md, "MCP servers")."""
 
+import asyncio
 import sys
 import uuid
 
@@ -12,6 +13,7 @@ from django.test import override_settings
 
 from agents.definitions import AgentDefinitionInvalid
 from agents.models import AgentVersion
+from agents.selectors import agent_version_get, mcp_tools_forget, version_mcp_tools
 from approvals_app.models import Approval
 from config.errors import WardenError
 from engine.actions.freezes import freeze_set
@@ -24,6 +26,7 @@ from tests.support.agents import define
 from tests.support.factories import UserFactory
 from tests.support.mcp_server import McpPaymentsServer
 from tools_app.models import McpServer, ToolCall, ToolCallStatus
+from tools_app.registry import tool_get
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,10 +93,8 @@ def test_each_protocol_failure_of_a_write_leaves_a_defined_state_and_is_sent_onc
 
 def test_a_version_cannot_be_saved_while_its_server_cannot_list_its_tools(admin_user):
     _server("http://127.0.0.1:9/mcp", admin_user)  # nothing listens there
-    version_defined = None
     with pytest.raises(AgentDefinitionInvalid) as refused:
-        version_defined = _agent(admin_user, [])
-    assert version_defined is None
+        _agent(admin_user, [])
     assert "could not list the tools of MCP server payments" in refused.value.errors["mcp_servers.payments"]
 
 
@@ -146,7 +147,7 @@ def test_a_refused_credential_fails_reads_and_writes_at_once_saying_so(payments,
     assert (read.status, read.error_code, read.attempts) == (ToolCallStatus.FAILED, "mcp_unauthorized", 1)
     assert (write.status, write.error_code) == (ToolCallStatus.FAILED, "mcp_unauthorized")
     assert "refused Warden's credential (HTTP 401)" in write.error_detail
-    assert payments.calls("refund") == [] or not any(c["authorized"] for c in payments.calls())
+    assert not any(c["authorized"] for c in payments.calls())  # the server did nothing for anyone
 
 
 def test_a_freeze_on_an_mcp_tool_holds_its_write_before_anything_is_sent(payments, admin_user):
@@ -242,6 +243,23 @@ def test_a_url_carrying_a_secret_or_not_http_is_refused_and_nothing_saved(admin_
         mcp_server_save(acting_user=admin_user, fields={"name": "leaky", "url": url})
     assert "url" in refused.value.errors and "sk-live-123" not in str(refused.value)
     assert not McpServer.objects.filter(name="leaky").exists()
+
+
+def test_an_mcp_tool_is_found_by_name_from_an_event_loop_too(payments, admin_user):
+    """The console's consumer asks whether a streamed call's tool exists from its event loop, where
+    Django refuses queries: the lookup reads in a thread of its own when it must read at all."""
+    _server(payments.url, admin_user)
+    version = _agent(admin_user, [])
+    agent_version_get.cache_clear()
+    version_mcp_tools.cache_clear()
+    mcp_tools_forget()
+
+    async def from_a_loop():
+        return tool_get("refund"), tool_get("transfer_all_funds")
+
+    refund, unknown = asyncio.run(from_a_loop())
+    assert (refund.name, refund.effect, refund.extra["mcp_server"], unknown) == ("refund", "write", "payments", None)
+    assert version.mcp_tools["refund"]["input_schema"] == refund.arguments.model_json_schema()
 
 
 def test_only_those_who_may_define_servers_do(admin_user):
