@@ -477,6 +477,10 @@ WARDEN_RUNS_PER_WORKER = max(1, _env_int("WARDEN_RUNS_PER_WORKER", 100))
 # shared by its runs, which give theirs back while they wait on a model or a tool; a worker process
 # switches to it on its first run, engine/executor.py); default 8.
 WARDEN_WORKER_DB_POOL_SIZE = max(2, _env_int("WARDEN_WORKER_DB_POOL_SIZE", 8))
+# WARDEN_SLOT_WAIT_SECONDS: how long a worker process whose runs fill every slot holds a task for
+# another run before handing it back to the queue, where a process with a free slot takes it
+# (engine/executor.py); default 0.5.
+WARDEN_SLOT_WAIT_SECONDS = max(0.05, float(os.environ.get("WARDEN_SLOT_WAIT_SECONDS", 0.5)))
 # WARDEN_DB_POOL_SIZE: web server processes (server/asgi.py marks them) use psycopg's connection
 # pool of at most this many connections instead: under ASGI every request runs in a thread of its
 # own, so a persistent connection would never be reused there; default 10; 0 turns the pool off.

@@ -7,7 +7,7 @@ fenced writes and checkpoint — while the others wait on their model streams.
 
 Back-pressure: the task waits for a free slot before it returns, so a full process takes no more
 tasks from the queue (they wait in the broker, where another process may take them); after
-SLOT_WAIT_SECONDS without a slot the run is asked for again and the task ends.
+slot_wait_seconds() without a slot the run goes back to the queue's end and the task ends.
 
 Resources stay per process: one lease keeper (engine/lease.py), and database connections from a
 bounded pool (config/settings.py), given back while a run waits on its model (engine/model_step.py).
@@ -37,8 +37,14 @@ logger = logging.getLogger("warden.engine")
 
 
 def slot_wait_seconds() -> float:
-    # Below django-q2's hard timeout of the task, which would kill the whole process.
-    return max(1.0, min(60.0, settings.Q_CLUSTER["timeout"] / 4))
+    """How long a full process holds a task for a run before handing it back to the queue. Short:
+    the task is then taken by a process with a free slot (django-q2's worker processes take tasks
+    from one queue, whichever is idle first, so a full process can hold a task another could start
+    now — with 1,000 runs for 4 × 250 slots, a few runs waited a whole run's length for a slot in the
+    process that held them). A run handed back goes to the queue's end; when every process is full,
+    each of them takes a task and hands it back about once per wait — a look at the queue, not a
+    busy loop. Below django-q2's hard timeout of the task, which would kill the whole process."""
+    return max(0.05, min(settings.WARDEN_SLOT_WAIT_SECONDS, settings.Q_CLUSTER["timeout"] / 4))
 
 
 def _pool_connections() -> None:

@@ -171,3 +171,26 @@ def test_one_customers_runs_take_at_most_their_share_while_anothers_go_on(procs,
              message="every run to complete, the busy customer's one after another")
     for run in busy_runs + [other_run]:
         assert _answers(run) == 1 and _claims(run.id) == 1
+
+
+def test_a_run_whose_task_a_full_process_took_starts_in_a_process_with_a_free_slot(procs, demo_world, model_server):
+    """django-q2's worker processes take tasks from one queue, whichever is idle first: a process
+    whose slots are all busy may take a task another process could start now. It holds it at most
+    WARDEN_SLOT_WAIT_SECONDS, then hands the run back to the queue (before, it held it a minute)."""
+    for _ in range(3):
+        model_server.enqueue(text=["It is sunny", " in Lisbon."], finish="stop", chunk_delay=HELD_SECONDS)
+    _start(procs, model_server, "full", runs_per_worker=2)
+    first_two = _post_runs(2)
+    wait_for(lambda: model_server.in_flight() == 2, timeout=120, message="the first process's two slots busy")
+
+    ((third, _),) = _post_runs(1)
+    # Only the full process is there to take the third run's task; then one with free slots starts.
+    _start(procs, model_server, "free", runs_per_worker=2)
+    wait_for(lambda: model_server.in_flight() == 3, timeout=30,
+             message="the third run in flight in the process with free slots, not held by the full one")
+    assert Run.objects.get(pk=third.pk).status == RunStatus.RUNNING
+    model_server.release_held()
+    ids = [run.id for run, _ in first_two] + [third.id]
+    wait_for(lambda: Run.objects.filter(pk__in=ids, status=RunStatus.COMPLETED).count() == 3, timeout=120,
+             message="every run to complete")
+    assert all(_claims(run_id) == 1 for run_id in ids)
