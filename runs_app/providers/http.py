@@ -13,16 +13,20 @@ ends cleanly but before its last event yields no Finish: the engine discards it 
 
 import email.utils
 import functools
+import http.client
 import json
 import re
+import select
 import threading
 import time
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, Field
 
+from config.tracing import tracing_enabled
 from runs_app.endpoints import Endpoint
 from runs_app.providers.base import (
     Finish,
@@ -35,7 +39,7 @@ from runs_app.providers.base import (
     TransientModelError,
     Usage,
 )
-from runs_app.providers.interrupt import AbortableBackend, endpoint_slot
+from runs_app.providers.interrupt import AbortableBackend, current_interrupt, endpoint_slot
 from runs_app.providers.rules import classify_input_by_rules
 
 TRANSIENT_4XX = (408, 409, 429)
@@ -109,7 +113,21 @@ def sse_post(*, endpoint: Endpoint, url: str, body: dict, headers: dict, timeout
     """POST `body` and read the answer as events, inside the block. Whatever breaks in the block
     — the transport, a line that is not JSON, an event without the fields it must have — is a
     TransientModelError naming no credential; the response is closed when the block ends, also
-    when the provider's generator is closed (cancel, lease lost): the connection is dropped now."""
+    when the provider's generator is closed (cancel, lease lost): the connection is dropped now.
+
+    The call goes over this run thread's own keep-alive connection to the server (`_direct_send`):
+    a model call is one request and one streamed answer, and httpx's layers cost a worker process
+    that drives hundreds of runs about four times the CPU of the call itself (issue 34). Only when
+    the server answers with a redirect is the call asked again through httpx, which follows it.
+    With tracing on, calls go through httpx from the start: its instrumentation gives each call its
+    HTTP span and passes the trace on to the server. Neither path takes a proxy from the
+    environment (model servers are called directly, as they always were)."""
+    sent = None if tracing_enabled() else _direct_send(endpoint=endpoint, url=url, body=body, headers=headers,
+                                                        timeout=timeout)
+    if sent is not None:
+        with _direct_stream(*sent, endpoint, per_line=per_line) as events:
+            yield events
+        return
     client = http_client(timeout, endpoint.connect_timeout_seconds)
     try:
         response = client.send(client.build_request("POST", url, json=body,
@@ -125,6 +143,118 @@ def sse_post(*, endpoint: Endpoint, url: str, body: dict, headers: dict, timeout
         raise TransientModelError(redacted(f"model stream broken: {error}", endpoint)) from error
     finally:
         response.close()
+
+
+# --- a run thread's own connection to a model server ----------------------------------------------
+
+REDIRECTS = (301, 302, 303, 307, 308)
+_direct = threading.local()
+
+
+class _Connection(http.client.HTTPConnection):
+    """A connection whose connect (and TLS handshake) waits `connect_timeout`, and whose reads then
+    wait `timeout` each, as httpx's timeouts do."""
+
+    def __init__(self, host: str, port: int | None, *, timeout: float, connect_timeout: float, **kwargs):
+        super().__init__(host, port, timeout=connect_timeout, **kwargs)
+        self.read_timeout = timeout
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.settimeout(self.read_timeout)
+
+
+class _TLSConnection(_Connection, http.client.HTTPSConnection):
+    pass
+
+
+def _connection(url: str, timeout: float, connect_timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    """This thread's connection to the server of `url`, and the request's target. A kept-alive
+    connection with something to read while idle was closed by the server (or the call before
+    was cut): it is replaced, as httpcore does before reusing one."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TransientModelError(f"model server unreachable: {parts.scheme or 'no'} scheme in the endpoint's URL")
+    key = (parts.scheme, parts.hostname, parts.port, timeout, connect_timeout)
+    cache = _direct.__dict__.setdefault("by_origin", {})
+    conn = cache.get(key)
+    if conn is not None and conn.sock is not None and select.select([conn.sock], [], [], 0)[0]:
+        conn.close()
+    if conn is None:
+        if parts.scheme == "https":
+            conn = _TLSConnection(parts.hostname, parts.port, timeout=timeout, connect_timeout=connect_timeout,
+                                  context=_tls_context())
+        else:
+            conn = _Connection(parts.hostname, parts.port, timeout=timeout, connect_timeout=connect_timeout)
+        cache[key] = conn
+    target = parts.path or "/"
+    return conn, target + (f"?{parts.query}" if parts.query else "")
+
+
+def _direct_send(*, endpoint: Endpoint, url: str, body: dict, headers: dict,
+                 timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse] | None:
+    """The request sent and the answer's head read: the response to stream (status 200), None for
+    a redirect (the caller asks through httpx), or the server's error raised as httpx's path would."""
+    conn, target = _connection(url, timeout, endpoint.connect_timeout_seconds or timeout)
+    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        if conn.sock is None:
+            conn.connect()
+        interrupt = current_interrupt()
+        if interrupt is not None:
+            interrupt.attach(conn.sock)  # the lease keeper shuts this socket down to end the call now
+        conn.request("POST", target, body=payload, headers={
+            "Content-Type": "application/json", "Accept": "text/event-stream", "User-Agent": "warden", **headers})
+        response = conn.getresponse()
+    except (OSError, http.client.HTTPException) as error:
+        conn.close()
+        raise TransientModelError(redacted(f"model server unreachable: {_said(error)}", endpoint)) from error
+    if response.status == 200:
+        return conn, response
+    try:
+        content = response.read()
+    except (OSError, http.client.HTTPException) as error:
+        conn.close()
+        raise TransientModelError(redacted(f"model stream broken: {_said(error)}", endpoint)) from error
+    if response.status in REDIRECTS:
+        return None
+    raise status_error(httpx.Response(response.status, headers=response.getheaders(), content=content), endpoint)
+
+
+@contextmanager
+def _direct_stream(conn: http.client.HTTPConnection, response: http.client.HTTPResponse, endpoint: Endpoint, *,
+                   per_line: bool) -> Iterator[Iterator[SSEEvent]]:
+    """The answer's events. Read to its end, the connection stays open for the thread's next call;
+    cut short (an error, a cancel, a lease lost), it is closed."""
+    ended = False
+
+    def lines() -> Iterator[str]:
+        # read1, not readline: http.client's readline takes a chunked body cut short for its end.
+        nonlocal ended
+        rest = b""
+        while data := response.read1(65536):
+            *complete, rest = (rest + data).split(b"\n")
+            for line in complete:
+                yield (line[:-1] if line.endswith(b"\r") else line).decode()
+        if response.length:
+            raise http.client.IncompleteRead(rest, response.length)  # a sized body cut short
+        if rest:
+            yield rest.decode()
+        response.read()  # at the body's end: frees the connection for the thread's next call
+        ended = True
+
+    try:
+        yield sse_events(lines(), per_line=per_line)
+    except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError, KeyError) as error:
+        raise TransientModelError(redacted(f"model stream broken: {_said(error)}", endpoint)) from error
+    finally:
+        if not ended:
+            response.close()
+            conn.close()
+
+
+def _said(error: Exception) -> str:
+    return str(error) or type(error).__name__
 
 
 # --- errors ---------------------------------------------------------------------------------------

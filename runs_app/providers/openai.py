@@ -1,7 +1,8 @@
 """A streaming provider for any OpenAI-compatible Chat Completions server.
 
-Streams are read with httpx and a plain SSE parser (runs_app/providers/http.py, shared with the
-Responses and Anthropic providers; cheap enough for a worker process driving many runs at once);
+Streams are read over each run thread's own HTTP connection with a plain SSE parser
+(runs_app/providers/http.py, shared with the Responses and Anthropic providers; cheap enough for a
+worker process driving many runs at once);
 the official SDK makes the rare unstreamed calls, with its own retries off (max_retries=0):
 retrying is the run-time's decision, with backoff recorded on the run. Errors are sorted as the
 official SDK sorts them for its own retries: an `x-should-retry` header decides when present;
@@ -60,7 +61,7 @@ class OpenAIProvider(EndpointProvider):
         return self._endpoint or endpoint_default()
 
     def _stream(self, request: ModelRequest, endpoint: Endpoint) -> Iterator[StreamEvent]:
-        # The stream is read with httpx and a plain SSE parser, not the SDK: a worker process drives
+        # The stream is read with a plain HTTP connection and SSE parser, not the SDK: a worker process drives
         # many runs at once, and the SDK's request building and per-chunk models cost about four
         # times the CPU of the call itself; it also drops the connection after every stream (it
         # stops reading at [DONE]), where this reads the body to its end and keeps it alive.
