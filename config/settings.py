@@ -441,6 +441,8 @@ Q_CLUSTER = {
     # WARDEN_Q_POLL: seconds between broker polls when the doorbell is off (with it, the shortest
     # wait between two looks at the queue without a bell); default 0.05.
     "poll": float(os.environ.get("WARDEN_Q_POLL", 0.05)),
+    # WARDEN_Q_BULK: tasks the cluster takes from the broker in one claim; default 1.
+    "bulk": max(1, _env_int("WARDEN_Q_BULK", 1)),
     # Tasks before a worker process is replaced; a task is one slice of one run, and a process
     # drives WARDEN_RUNS_PER_WORKER of them at once.
     "recycle": 500 * max(1, _env_int("WARDEN_RUNS_PER_WORKER", 100)),
