@@ -17,7 +17,6 @@ When the process ends (django-q2 recycles or stops it), its runs yield at their 
 import contextvars
 import logging
 import os
-import select
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,6 +26,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from psycopg_pool import ConnectionPool
 
+from config.sockets import readable
 from engine.lease import connection_give_back
 from engine.loop import drive_stop_soon, run_drive
 from engine.queue import run_enqueue_now
@@ -72,7 +72,7 @@ def _idle_check(conn) -> None:
     dead one is replaced (psycopg_pool's own check raises for it)."""
     if conn.closed or conn.broken:
         raise psycopg.OperationalError("connection closed")
-    if select.select([conn.fileno()], [], [], 0)[0]:
+    if readable(conn.fileno()):
         ConnectionPool.check_connection(conn)
 
 

@@ -16,7 +16,6 @@ import functools
 import http.client
 import json
 import re
-import select
 import threading
 import time
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, Field
 
+from config.sockets import readable
 from config.tracing import tracing_enabled
 from runs_app.endpoints import Endpoint
 from runs_app.providers.base import (
@@ -148,6 +148,7 @@ def sse_post(*, endpoint: Endpoint, url: str, body: dict, headers: dict, timeout
 # --- a run thread's own connection to a model server ----------------------------------------------
 
 REDIRECTS = (301, 302, 303, 307, 308)
+DROPPED = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)  # http.client.RemoteDisconnected included
 _direct = threading.local()
 
 
@@ -178,7 +179,7 @@ def _connection(url: str, timeout: float, connect_timeout: float) -> tuple[http.
     key = (parts.scheme, parts.hostname, parts.port, timeout, connect_timeout)
     cache = _direct.__dict__.setdefault("by_origin", {})
     conn = cache.get(key)
-    if conn is not None and conn.sock is not None and select.select([conn.sock], [], [], 0)[0]:
+    if conn is not None and conn.sock is not None and readable(conn.sock):
         conn.close()
     if conn is None:
         if parts.scheme == "https":
@@ -197,18 +198,25 @@ def _direct_send(*, endpoint: Endpoint, url: str, body: dict, headers: dict,
     a redirect (the caller asks through httpx), or the server's error raised as httpx's path would."""
     conn, target = _connection(url, timeout, endpoint.connect_timeout_seconds or timeout)
     payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    try:
-        if conn.sock is None:
-            conn.connect()
-        interrupt = current_interrupt()
-        if interrupt is not None:
-            interrupt.attach(conn.sock)  # the lease keeper shuts this socket down to end the call now
-        conn.request("POST", target, body=payload, headers={
-            "Content-Type": "application/json", "Accept": "text/event-stream", "User-Agent": "warden", **headers})
-        response = conn.getresponse()
-    except (OSError, http.client.HTTPException) as error:
-        conn.close()
-        raise TransientModelError(redacted(f"model server unreachable: {_said(error)}", endpoint)) from error
+    interrupt = current_interrupt()
+    for attempt in (1, 2):
+        try:
+            if conn.sock is None:
+                conn.connect()
+            if interrupt is not None:
+                interrupt.attach(conn.sock)  # the lease keeper shuts this socket down to end the call now
+            conn.request("POST", target, body=payload, headers={
+                "Content-Type": "application/json", "Accept": "text/event-stream", "User-Agent": "warden", **headers})
+            response = conn.getresponse()
+            break
+        except (OSError, http.client.HTTPException) as error:
+            conn.close()
+            # Dropped before a byte of an answer — a kept-alive connection the server closed as it
+            # was reused, a new one reset by a server whose accept queue was full — is asked once
+            # more on a new connection, as the engine would ask after a backoff (a model call has
+            # no effect but its cost); never a timeout, a refusal, or a call this run aborted.
+            if attempt == 2 or not isinstance(error, DROPPED) or (interrupt is not None and interrupt.aborted.is_set()):
+                raise TransientModelError(redacted(f"model server unreachable: {_said(error)}", endpoint)) from error
     if response.status == 200:
         return conn, response
     try:

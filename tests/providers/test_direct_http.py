@@ -7,6 +7,7 @@ Against a small HTTP/1.1 server that answers each request with the bytes the tes
 
 import json
 import socket
+import struct
 import threading
 
 import pytest
@@ -38,6 +39,7 @@ class WireServer:
     each request's target."""
 
     CLOSE = b"<close>"
+    RESET = b"<reset>"  # the whole answer: the connection is reset (RST) instead of answered
 
     def __init__(self, answers: list):
         self.answers = list(answers)
@@ -83,6 +85,9 @@ class WireServer:
                     self.headers.append(headers)
                     answer = self.answers.pop(0)
                 answer = answer(self) if callable(answer) else answer
+                if answer == self.RESET:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
                 closing = answer.endswith(self.CLOSE)
                 conn.sendall(answer.removesuffix(self.CLOSE))
                 if closing:
@@ -133,6 +138,23 @@ def test_a_connection_the_server_dropped_while_idle_is_replaced_before_the_next_
     second = call(server.base_url)
 
     assert first[0] == TextDelta("one") and second[0] == TextDelta("two")
+    assert server.connections == 2
+
+
+def test_a_connection_reset_before_any_answer_is_asked_once_more_on_a_new_one(wire):
+    # What a server whose accept queue is full, or one closing a kept-alive connection as it is
+    # reused, does: the call is asked again at once, not left to a backoff of the run.
+    server = wire(WireServer.RESET, sse_answer("second try"))
+
+    assert call(server.base_url)[0] == TextDelta("second try")
+    assert server.connections == 2 and len(server.targets) == 2
+
+
+def test_a_connection_reset_twice_is_a_transient_error(wire):
+    server = wire(WireServer.RESET, WireServer.RESET)
+
+    with pytest.raises(TransientModelError, match="model server unreachable"):
+        call(server.base_url)
     assert server.connections == 2
 
 
