@@ -66,6 +66,17 @@ def test_the_doorbell_queues_the_orm_brokers_row_and_either_broker_claims_the_ot
     assert broker.dequeue() is None and orm.dequeue() is None
 
 
+def test_acknowledging_a_task_deletes_its_row_alone_and_again_is_harmless(broker):
+    done, waiting = broker.enqueue("done-task"), broker.enqueue("waiting-task")
+    broker.acknowledge(done)
+    assert list(OrmQ.objects.filter(key=broker.list_key).values_list("pk", flat=True)) == [waiting]
+    broker.acknowledge(done)  # a second acknowledgement (the monitor's after a redelivery) finds nothing
+    with transaction.atomic():  # inside a caller's transaction it is part of that transaction
+        broker.acknowledge(waiting)
+        transaction.set_rollback(True)
+    assert list(OrmQ.objects.filter(key=broker.list_key).values_list("pk", flat=True)) == [waiting]
+
+
 def test_a_queued_task_wakes_a_dequeue_waiting_on_an_empty_queue(broker):
     idle = threading.Event()
     delivered = []

@@ -5,6 +5,7 @@ import signal
 
 import pytest
 from django.utils import timezone
+from django_q.models import OrmQ, Task
 
 from approvals_app.models import Approval, ApprovalStatus
 from operations.models import ProcessHeartbeat
@@ -12,6 +13,7 @@ from runs_app.models import Run, RunEvent, RunStatus, Step, WaitReason
 from sessions_app.models import MessageRole
 from engine.actions.messages import message_post
 from engine.actions.sessions import session_open
+from engine.queue import ADVANCE_RUN_TASK
 from tests.support.factories import UserFactory
 from tests.support.processes import wait_for
 from tools_app.models import ToolCall, ToolCallStatus
@@ -55,6 +57,10 @@ def test_weather_question_completes_through_real_workers(procs, demo_world):
     assert model_steps.count() == 2
     (first_seen,), (last_seen,) = (s.context_manifest["message_seq_ranges"] for s in (model_steps.first(), model_steps.last()))
     assert first_seen[0] == last_seen[0] and last_seen[1] > first_seen[1]  # the same history and what the run added
+    # The slice's task was acknowledged (its queue row deleted) and, having succeeded, left no row in
+    # django-q2's task history: the run's own rows are its record (engine/queue.py).
+    wait_for(lambda: not OrmQ.objects.exists(), message="the task's acknowledgement")
+    assert not Task.objects.filter(func=ADVANCE_RUN_TASK).exists()
 
 
 def test_refund_request_stops_at_operator_approval(procs, demo_world):
