@@ -5,6 +5,8 @@ from django.db import models
 from django.db.models import Func, Q
 from django.db.models.functions import Cast
 
+from config.row_rules import RowRules
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
@@ -71,54 +73,33 @@ class RunErrorCode(models.TextChoices):
     INTERNAL = "internal_error", "Internal error"
 
 
-def _run_state_constraints() -> list[models.CheckConstraint]:
-    """Only legal status × phase × wait-reason combinations can be stored (SPEC §2)."""
+def _run_state_rules() -> RowRules:
+    """Only legal status × phase × wait-reason combinations can be stored (SPEC §2): the run row's
+    rules, checked by one constraint (config/row_rules.py: the run row is written in every step)."""
     no_phase = Q(phase="")
     no_wait = Q(wait_reason="")
     leased = Q(lease_owner__gt="") & Q(lease_expires_at__isnull=False)
     unleased = Q(lease_owner="") & Q(lease_expires_at__isnull=True)
-    return [
-        models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
-        models.CheckConstraint(condition=no_phase | Q(phase__in=RunPhase.values), name="run_phase_valid"),
-        models.CheckConstraint(
-            condition=no_wait | Q(wait_reason__in=WaitReason.values), name="run_wait_reason_valid"
-        ),
-        models.CheckConstraint(
-            condition=~Q(status=RunStatus.QUEUED) | (Q(phase=RunPhase.WAITING_WORKER) & no_wait & unleased),
-            name="run_queued_shape",
-        ),
+    return RowRules(table="runs_app_run", function="warden_run_row_valid", name="run_row_valid", rules=(
+        ("run_status_valid", Q(status__in=RunStatus.values)),
+        ("run_phase_valid", no_phase | Q(phase__in=RunPhase.values)),
+        ("run_wait_reason_valid", no_wait | Q(wait_reason__in=WaitReason.values)),
+        ("run_queued_shape", ~Q(status=RunStatus.QUEUED) | (Q(phase=RunPhase.WAITING_WORKER) & no_wait & unleased)),
         # A running run is held by exactly one worker, in a working phase.
-        models.CheckConstraint(
-            condition=~Q(status=RunStatus.RUNNING) | (Q(phase__in=RUNNING_PHASES) & no_wait & leased),
-            name="run_running_shape",
-        ),
-        models.CheckConstraint(
-            condition=~Q(status=RunStatus.WAITING) | (no_phase & ~no_wait & unleased),
-            name="run_waiting_shape",
-        ),
-        models.CheckConstraint(
-            condition=~Q(status__in=TERMINAL_STATUSES)
-            | (no_phase & no_wait & unleased & Q(finished_at__isnull=False)),
-            name="run_terminal_shape",
-        ),
-        models.CheckConstraint(
-            condition=Q(status__in=TERMINAL_STATUSES) | Q(finished_at__isnull=True),
-            name="run_finished_only_when_terminal",
-        ),
-        models.CheckConstraint(
-            condition=~Q(status=RunStatus.FAILED) | ~Q(error_code=""), name="run_failed_has_error_code"
-        ),
-        models.CheckConstraint(
-            condition=Q(outcome="") | Q(outcome__in=RunOutcome.values), name="run_outcome_valid"
-        ),
-        models.CheckConstraint(
-            condition=Q(status__in=TERMINAL_STATUSES) | Q(outcome=""), name="run_outcome_only_when_ended"
-        ),
-        models.CheckConstraint(condition=Q(lease_token__gte=0), name="run_lease_token_non_negative"),
-        models.CheckConstraint(
-            condition=Q(model_calls__gte=0) & Q(tokens_used__gte=0), name="run_usage_non_negative"
-        ),
-    ]
+        ("run_running_shape", ~Q(status=RunStatus.RUNNING) | (Q(phase__in=RUNNING_PHASES) & no_wait & leased)),
+        ("run_waiting_shape", ~Q(status=RunStatus.WAITING) | (no_phase & ~no_wait & unleased)),
+        ("run_terminal_shape",
+         ~Q(status__in=TERMINAL_STATUSES) | (no_phase & no_wait & unleased & Q(finished_at__isnull=False))),
+        ("run_finished_only_when_terminal", Q(status__in=TERMINAL_STATUSES) | Q(finished_at__isnull=True)),
+        ("run_failed_has_error_code", ~Q(status=RunStatus.FAILED) | ~Q(error_code="")),
+        ("run_outcome_valid", Q(outcome="") | Q(outcome__in=RunOutcome.values)),
+        ("run_outcome_only_when_ended", Q(status__in=TERMINAL_STATUSES) | Q(outcome="")),
+        ("run_lease_token_non_negative", Q(lease_token__gte=0)),
+        ("run_usage_non_negative", Q(model_calls__gte=0) & Q(tokens_used__gte=0)),
+    ))
+
+
+RUN_ROW_RULES = _run_state_rules()
 
 
 class Run(models.Model):
@@ -208,7 +189,7 @@ class Run(models.Model):
             ("follow_all_events", "Can follow the account-wide event stream"),
         ]
         constraints = [
-            *_run_state_constraints(),
+            RUN_ROW_RULES.constraint(),
             # At most one non-terminal run per session, whatever the code does.
             models.UniqueConstraint(
                 fields=["session"],
@@ -247,6 +228,14 @@ class StepStatus(models.TextChoices):
     FAILED = "failed"
 
 
+# A step row is written twice in every step (config/row_rules.py).
+STEP_ROW_RULES = RowRules(table="runs_app_step", function="warden_step_row_valid", name="step_row_valid", rules=(
+    ("step_kind_valid", Q(kind__in=StepKind.values)),
+    ("step_status_valid", Q(status__in=StepStatus.values)),
+    ("step_finished_when_done", Q(status=StepStatus.RUNNING) | Q(finished_at__isnull=False)),
+))
+
+
 class Step(models.Model):
     """One model call or one batch of tool calls of a run."""
 
@@ -279,12 +268,7 @@ class Step(models.Model):
         ordering = ["run", "index"]
         constraints = [
             models.UniqueConstraint(fields=["run", "index"], name="step_run_index_unique"),
-            models.CheckConstraint(condition=Q(kind__in=StepKind.values), name="step_kind_valid"),
-            models.CheckConstraint(condition=Q(status__in=StepStatus.values), name="step_status_valid"),
-            models.CheckConstraint(
-                condition=Q(status=StepStatus.RUNNING) | Q(finished_at__isnull=False),
-                name="step_finished_when_done",
-            ),
+            STEP_ROW_RULES.constraint(),
         ]
 
     def __str__(self) -> str:

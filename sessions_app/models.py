@@ -4,6 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from config.row_rules import RowRules
+
 
 class Session(models.Model):
     """A long-lived conversation. A run ending never ends its session."""
@@ -50,6 +52,15 @@ class MessageRole(models.TextChoices):
     TOOL = "tool"
 
 
+# Messages are appended in every step (config/row_rules.py).
+MESSAGE_ROW_RULES = RowRules(
+    table="sessions_app_message", function="warden_message_row_valid", name="message_row_valid", rules=(
+        ("message_role_valid", Q(role__in=MessageRole.values)),
+        ("message_tool_answers_a_call", ~Q(role=MessageRole.TOOL) | ~Q(tool_call_id="")),
+    ),
+)
+
+
 class Message(models.Model):
     """One accepted fact of the conversation. Append-only: the database refuses UPDATE and
     DELETE on this table (trigger in migration 0002), so history can never be rewritten."""
@@ -73,10 +84,7 @@ class Message(models.Model):
         ordering = ["session", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["session", "seq"], name="message_session_seq_unique"),
-            models.CheckConstraint(condition=Q(role__in=MessageRole.values), name="message_role_valid"),
-            models.CheckConstraint(
-                condition=~Q(role=MessageRole.TOOL) | ~Q(tool_call_id=""), name="message_tool_answers_a_call"
-            ),
+            MESSAGE_ROW_RULES.constraint(),
         ]
 
     def __str__(self) -> str:

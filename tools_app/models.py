@@ -5,6 +5,8 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
+from config.row_rules import RowRules
+
 
 class ToolEffect(models.TextChoices):
     READ = "read"
@@ -28,6 +30,25 @@ FINAL_TOOL_CALL_STATUSES = (ToolCallStatus.SUCCEEDED, ToolCallStatus.FAILED, Too
 class Resolution(models.TextChoices):
     APPLIED = "applied"
     NOT_APPLIED = "not_applied"
+
+
+# A tool call row is written twice in every tool step (config/row_rules.py).
+TOOL_CALL_ROW_RULES = RowRules(
+    table="tools_app_toolcall", function="warden_tool_call_row_valid", name="tool_call_row_valid", rules=(
+        ("tool_call_effect_valid", Q(effect__in=ToolEffect.values)),
+        ("tool_call_status_valid", Q(status__in=ToolCallStatus.values)),
+        ("tool_call_resolution_valid", Q(resolution="") | Q(resolution__in=Resolution.values)),
+        # A write that ran (or may have run) always has its key: it was committed before I/O.
+        ("tool_call_write_keyed_before_io", ~(
+            Q(effect=ToolEffect.WRITE)
+            & Q(status__in=[ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN])
+            & Q(idempotency_key__isnull=True)
+        )),
+        # Only writes can be `unknown`: reads are simply retried.
+        ("tool_call_unknown_only_for_writes", ~Q(status=ToolCallStatus.UNKNOWN) | Q(effect=ToolEffect.WRITE)),
+        ("tool_call_finished_when_final", ~Q(status__in=FINAL_TOOL_CALL_STATUSES) | Q(finished_at__isnull=False)),
+    ),
+)
 
 
 class ToolCall(models.Model):
@@ -87,29 +108,7 @@ class ToolCall(models.Model):
         ordering = ["run", "step", "index"]
         permissions = [("reconcile_toolcall", "Can record the outcome of unknown tool calls")]
         constraints = [
-            models.CheckConstraint(condition=Q(effect__in=ToolEffect.values), name="tool_call_effect_valid"),
-            models.CheckConstraint(condition=Q(status__in=ToolCallStatus.values), name="tool_call_status_valid"),
-            models.CheckConstraint(
-                condition=Q(resolution="") | Q(resolution__in=Resolution.values), name="tool_call_resolution_valid"
-            ),
-            # A write that ran (or may have run) always has its key: it was committed before I/O.
-            models.CheckConstraint(
-                condition=~(
-                    Q(effect=ToolEffect.WRITE)
-                    & Q(status__in=[ToolCallStatus.RUNNING, ToolCallStatus.UNKNOWN])
-                    & Q(idempotency_key__isnull=True)
-                ),
-                name="tool_call_write_keyed_before_io",
-            ),
-            # Only writes can be `unknown`: reads are simply retried.
-            models.CheckConstraint(
-                condition=~Q(status=ToolCallStatus.UNKNOWN) | Q(effect=ToolEffect.WRITE),
-                name="tool_call_unknown_only_for_writes",
-            ),
-            models.CheckConstraint(
-                condition=~Q(status__in=FINAL_TOOL_CALL_STATUSES) | Q(finished_at__isnull=False),
-                name="tool_call_finished_when_final",
-            ),
+            TOOL_CALL_ROW_RULES.constraint(),
             models.UniqueConstraint(
                 fields=["idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
