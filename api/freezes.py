@@ -4,7 +4,7 @@ approvals_app.freeze_money permission; without it, 403."""
 
 from datetime import datetime
 
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from access import policy as access
 from api.base import COMMON_ERRORS, BodyIn, StorableText, errors
@@ -64,8 +64,8 @@ def freezes_create(request, payload: FreezeIn):
     """From the commit on, no write of the scope starts: it waits (`waiting / frozen`) or fails,
     as `mode` says. Reads and conversations go on."""
     _may_freeze(request)
-    return 201, freeze_set(scope=payload.scope, target=payload.target, mode=payload.mode, reason=payload.reason,
-                           acting_user=request.auth)
+    return Status(201, freeze_set(scope=payload.scope, target=payload.target, mode=payload.mode,
+                                  reason=payload.reason, acting_user=request.auth))
 
 
 @router.post("/{freeze_id}/lift", response={200: FreezeOut, **COMMON_ERRORS, **errors(403, 409)}, summary="Lift a freeze")
