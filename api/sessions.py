@@ -6,7 +6,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Path, Query, Router, Schema, Status
 
 from config.pagination import CURSOR_PATTERN
 from config.errors import CommonRefusal, WardenError
@@ -24,11 +24,13 @@ from api.events import (
     max_seconds_query, resume_from,
 )
 from api.runs import RunOut
-from engine.actions.messages import message_post
+from engine.actions.messages import PostResult, held_input_drop, held_input_send, message_post
 from engine.actions.sessions import session_open
 from runs_app.feeds import feed_events
 from sessions_app.models import InputDisposition, InputMode, MessageRole
-from sessions_app.selectors import held_input_list, message_list, message_list_latest, pending_input_list, session_get, session_list
+from sessions_app.selectors import (
+    held_input_list, message_list, message_list_latest, pending_input_get, pending_input_list, session_get, session_list,
+)
 from sessions_app.services import MAX_MESSAGE_CHARS
 
 router = Router(tags=["sessions"])
@@ -243,6 +245,10 @@ def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
     with session_turn(session.pk):  # the session's other posts first, waiting without a connection
         result = message_post(session=session, content=payload.content, mode=payload.mode, acting_user=request.auth,
                               budgets=budgets)
+    return _post_result_out(result)
+
+
+def _post_result_out(result: PostResult) -> Status:
     pending = result.pending_input
     if pending is not None:
         # An intent switch while nothing was running has already cancelled the run and started
@@ -255,6 +261,53 @@ def sessions_message_post(request, session_id: uuid.UUID, payload: MessageIn):
         "pending_input": pending,
         "run": result.run,
     })
+
+
+# ---------------------------------------------------------------------------
+# Input held from a cancelled run: its user sends it as a new request or drops it
+# ---------------------------------------------------------------------------
+
+def _held_input(request, session_id, input_id):
+    """The session's input, when the caller may post in the session (404 as the detail; 403 for a
+    reader who may not post); 404 when the input is not this session's."""
+    session = _visible_session(request, session_id)
+    if not access.can_post_in_session(user=request.auth, session=session):
+        raise WardenError(CommonRefusal.NOT_PERMITTED, "Only the session's owner may choose what becomes of its input.")
+    pending = pending_input_get(session=session, input_id=input_id)
+    if pending is None:
+        raise not_found("input")
+    return session, pending
+
+
+INPUT_ID = Path(..., ge=1, le=MAX_BIGINT, description="the input's `id` (the session detail's `held_inputs`)")
+
+
+@router.post(
+    "/{session_id}/held-inputs/{input_id}/send",
+    response={201: MessagePostOut, 202: MessagePostOut, **COMMON_ERRORS, **errors(403, 409)},
+    summary="Send input held from a cancelled run as a new request",
+)
+def sessions_held_input_send(request, session_id: uuid.UUID, input_id: int = INPUT_ID):
+    """Input meant for a run that was cancelled is held (the session detail's `held_inputs`), never
+    started by itself. Sending it posts it again as a queued request: it starts a run (201), or
+    waits for the active one to end (202). Audited. 409 `input_not_held` once it was sent or dropped."""
+    session, held = _held_input(request, session_id, input_id)
+    with session_turn(session.pk):
+        result = held_input_send(pending=held, acting_user=request.auth)
+    return _post_result_out(result)
+
+
+@router.post(
+    "/{session_id}/held-inputs/{input_id}/drop",
+    response={200: PendingInputOut, **COMMON_ERRORS, **errors(403, 409)},
+    summary="Drop input held from a cancelled run",
+)
+def sessions_held_input_drop(request, session_id: uuid.UUID, input_id: int = INPUT_ID):
+    """Nothing starts; the input stays in the session's record, `discarded`. Audited. 409
+    `input_not_held` once it was sent or dropped."""
+    session, held = _held_input(request, session_id, input_id)
+    with session_turn(session.pk):
+        return held_input_drop(pending=held, acting_user=request.auth)
 
 
 # ---------------------------------------------------------------------------

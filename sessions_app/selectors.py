@@ -49,6 +49,11 @@ def held_input_list(*, session: Session) -> list[PendingInput]:
     return list(PendingInput.objects.filter(session_id=session.pk, disposition=InputDisposition.HELD).order_by("id"))
 
 
+def pending_input_get(*, session: Session, input_id: int) -> PendingInput | None:
+    """One input of the session (any disposition); None when it is not the session's."""
+    return PendingInput.objects.filter(session_id=session.pk, pk=input_id).first()
+
+
 def pending_inputs_meant_for_the_active_run(*, session_id) -> list[PendingInput]:
     """The unconsumed input that was meant for the session's active run: supplements, and `auto`
     input nobody classified yet (the run never read it) — up to the first intent switch, after

@@ -16,7 +16,10 @@ from django_q.models import OrmQ
 from approvals_app.models import Approval, AuditEntry
 from api.v1 import api
 from runs_app.models import TERMINAL_STATUSES, ModelEndpoint, Run, RunEvent
-from sessions_app.models import Message, PendingInput, Session
+from engine.actions.cancel import run_cancel_request
+from engine.actions.messages import message_post
+from engine.actions.sessions import session_open
+from sessions_app.models import InputDisposition, InputMode, Message, PendingInput, Session
 from tests.support.api import OPERATOR_PERMISSIONS, Api, build_world, grant, revoked_key_api
 from tests.support.factories import ApiKeyFactory, ModelEndpointFactory, UserFactory
 from tools_app.models import ToolCall, ToolCallStatus
@@ -77,6 +80,9 @@ MODEL_ENDPOINT_ENDPOINTS = {("GET", "/model-endpoints"), ("GET", "/model-endpoin
 # needs approvals_app.decide_approval, which only the operator of the matrix has.
 DELEGATION_ENDPOINTS = {("GET", "/me/delegations"), ("POST", "/me/delegations"),
                         ("POST", "/me/delegations/{delegation_id}/revoke")}
+# Input held from a cancelled run: only the session's owner chooses what becomes of it.
+HELD_INPUT_ENDPOINTS = {("POST", "/sessions/{session_id}/held-inputs/{input_id}/send"),
+                        ("POST", "/sessions/{session_id}/held-inputs/{input_id}/drop")}
 
 BODIES = {
     "/sessions/{session_id}/messages": {"content": "and refund order 9528 too", "mode": "queue"},
@@ -94,7 +100,30 @@ def test_the_matrix_covers_every_endpoint_of_the_api():
     schema = api.get_openapi_schema(path_prefix="")
     served = {(method.upper(), path) for path, operations in schema["paths"].items() for method in operations}
     assert served == (set(OBJECT_ENDPOINTS) | set(LIST_ENDPOINTS) | OTHER_ENDPOINTS | AGENT_ENDPOINTS | FREEZE_ENDPOINTS
-                      | FEED_ENDPOINTS | LEDGER_ENDPOINTS | MODEL_ENDPOINT_ENDPOINTS | DELEGATION_ENDPOINTS)
+                      | FEED_ENDPOINTS | LEDGER_ENDPOINTS | MODEL_ENDPOINT_ENDPOINTS | DELEGATION_ENDPOINTS
+                      | HELD_INPUT_ENDPOINTS)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("method,path", sorted(HELD_INPUT_ENDPOINTS), ids=[p.rsplit("/", 1)[1] for _, p in sorted(HELD_INPUT_ENDPOINTS)])
+def test_only_the_sessions_owner_sends_or_drops_its_held_input(caller, method, path, django_capture_on_commit_callbacks):
+    scene = Scene()
+    session = session_open(owner=scene.alice, title="held")
+    run = message_post(session=session, content="refund order 9527", acting_user=scene.alice).run
+    held = message_post(session=session, content="and 9528", mode=InputMode.SUPPLEMENT, acting_user=scene.alice).pending_input
+    run_cancel_request(run=run, acting_user=scene.alice)  # queued: cancelled at once, the supplement held
+    before = database_state()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = scene.callers[caller].post(path.format(session_id=session.pk, input_id=held.pk), {})
+    want = {"owner": 201 if path.endswith("/send") else 200, "operator": 403, "anonymous": 401,
+            "revoked_key": 401}.get(caller, 404)
+    assert response.status_code == want, response.content
+    held.refresh_from_db()
+    if want >= 400:
+        assert response.json()["code"] and "and 9528" not in response.content.decode()
+        assert database_state() == before and held.disposition == InputDisposition.HELD
+    else:
+        assert held.disposition == (InputDisposition.NEW_RUN if path.endswith("/send") else InputDisposition.DISCARDED)
 
 
 @pytest.mark.parametrize("caller", CALLERS)
