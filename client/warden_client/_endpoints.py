@@ -11,8 +11,8 @@ from urllib.parse import quote
 
 from warden_client._core import Call, Query, body, page_of, query
 from warden_client.models import (
-    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
-    SessionDetail, ToolCall,
+    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, PendingInput, Run, RunDetail,
+    RunListItem, Session, SessionDetail, ToolCall,
 )
 
 
@@ -64,6 +64,16 @@ def sessions_message_post(session_id: str, content: str, *, mode: str | None = N
                           budgets: dict[str, int] | None = None, idempotency_key: str | None = None) -> Call[MessagePosted]:
     return Call("POST", f"/sessions/{_id(session_id)}/messages", MessagePosted.from_json,
                 body=body(content=content, mode=mode, budgets=budgets), idempotency_key=idempotency_key)
+
+
+def sessions_held_input_send(session_id: str, input_id: int, *, idempotency_key: str | None = None) -> Call[MessagePosted]:
+    return Call("POST", f"/sessions/{_id(session_id)}/held-inputs/{int(input_id)}/send", MessagePosted.from_json,
+                body={}, idempotency_key=idempotency_key)
+
+
+def sessions_held_input_drop(session_id: str, input_id: int, *, idempotency_key: str | None = None) -> Call[PendingInput]:
+    return Call("POST", f"/sessions/{_id(session_id)}/held-inputs/{int(input_id)}/drop", PendingInput.from_json,
+                body={}, idempotency_key=idempotency_key)
 
 
 def sessions_events(session_id: str, *, after: str | None = None, limit: int | None = None) -> Call[FeedPage]:

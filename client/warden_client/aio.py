@@ -17,8 +17,8 @@ from warden_client._core import (
 )
 from warden_client.client import STREAM_READ_TIMEOUT, settings_from_env
 from warden_client.models import (
-    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
-    SessionDetail, ToolCall,
+    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, PendingInput, Run, RunDetail,
+    RunListItem, Session, SessionDetail, ToolCall,
 )
 from warden_client.sse import SSEDecoder
 
@@ -138,6 +138,14 @@ class AsyncSessions(_AsyncResource):
                   budgets: dict[str, int] | None = None, idempotency_key: str | None = None) -> MessagePosted:
         return await self._client.call(api.sessions_message_post(session_id, content, mode=mode, budgets=budgets,
                                                                  idempotency_key=idempotency_key))
+
+    async def send_held(self, session_id: str, input_id: int, *, idempotency_key: str | None = None) -> MessagePosted:
+        """Held input (its run was cancelled) sent as a new request; see Warden.sessions.send_held."""
+        return await self._client.call(api.sessions_held_input_send(session_id, input_id, idempotency_key=idempotency_key))
+
+    async def drop_held(self, session_id: str, input_id: int, *, idempotency_key: str | None = None) -> PendingInput:
+        """Held input dropped; see Warden.sessions.drop_held."""
+        return await self._client.call(api.sessions_held_input_drop(session_id, input_id, idempotency_key=idempotency_key))
 
     async def messages(self, session_id: str, *, after: int = 0, page_size: int | None = None) -> AsyncIterator[Message]:
         while True:

@@ -17,8 +17,8 @@ from warden_client._core import (
     RETRY_EXCEPTIONS, Call, EventStreamState, ReconnectPolicy, RetryPolicy, client_headers, connection_error, result_of,
 )
 from warden_client.models import (
-    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, Run, RunDetail, RunListItem, Session,
-    SessionDetail, ToolCall,
+    Agent, Approval, Event, EventPage, FeedPage, Me, Message, MessagePosted, Page, PendingInput, Run, RunDetail,
+    RunListItem, Session, SessionDetail, ToolCall,
 )
 from warden_client.sse import SSEDecoder
 
@@ -162,6 +162,16 @@ class Sessions(_Resource):
         a lost answer stores the message once (`replayed` on the answer says the retry found it)."""
         return self._client.call(api.sessions_message_post(session_id, content, mode=mode, budgets=budgets,
                                                            idempotency_key=idempotency_key))
+
+    def send_held(self, session_id: str, input_id: int, *, idempotency_key: str | None = None) -> MessagePosted:
+        """Input held when the run it was meant for was cancelled (`get(...).held_inputs`), sent as a
+        new request: it starts a run (`started_run`) or waits for the active one (`pending`). Once:
+        a second choice is a ConflictError (`input_not_held`)."""
+        return self._client.call(api.sessions_held_input_send(session_id, input_id, idempotency_key=idempotency_key))
+
+    def drop_held(self, session_id: str, input_id: int, *, idempotency_key: str | None = None) -> PendingInput:
+        """Held input dropped: nothing starts; it stays in the session's record as `discarded`."""
+        return self._client.call(api.sessions_held_input_drop(session_id, input_id, idempotency_key=idempotency_key))
 
     def messages(self, session_id: str, *, after: int = 0, page_size: int | None = None) -> Iterator[Message]:
         """The session's history after seq `after`, in order, every page."""

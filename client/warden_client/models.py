@@ -105,6 +105,10 @@ class PendingInput(Resource):
     received_at: datetime
     consumed_at: datetime | None = None
     consumed_by_run_id: str | None = None
+    # Input meant for a run that was cancelled is held (disposition `held`) until its user sends it
+    # as a new request or drops it (Sessions.send_held / drop_held).
+    held_from_run_id: str | None = None
+    held_reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +127,7 @@ class Session(Resource):
 class SessionDetail(Session):
     messages: list[Message] = field(default_factory=list)
     pending_inputs: list[PendingInput] = field(default_factory=list)
+    held_inputs: list[PendingInput] = field(default_factory=list)
 
 
 # --- runs ------------------------------------------------------------------------------------------
