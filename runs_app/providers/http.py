@@ -19,8 +19,9 @@ import re
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Literal, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 from pydantic import BaseModel, Field
@@ -118,20 +119,23 @@ def sse_post(*, endpoint: Endpoint, url: str, body: dict, headers: dict, timeout
     The call goes over this run thread's own keep-alive connection to the server (`_direct_send`):
     a model call is one request and one streamed answer, and httpx's layers cost a worker process
     that drives hundreds of runs about four times the CPU of the call itself (issue 34). Only when
-    the server answers with a redirect is the call asked again through httpx, which follows it.
+    the server answers with a redirect is the call asked through httpx where the redirect points
+    (with the method httpx gives a redirected request), and httpx follows any further one.
     With tracing on, calls go through httpx from the start: its instrumentation gives each call its
     HTTP span and passes the trace on to the server. Neither path takes a proxy from the
     environment (model servers are called directly, as they always were)."""
     sent = None if tracing_enabled() else _direct_send(endpoint=endpoint, url=url, body=body, headers=headers,
                                                         timeout=timeout)
-    if sent is not None:
+    if isinstance(sent, tuple):
         with _direct_stream(*sent, endpoint, per_line=per_line) as events:
             yield events
         return
+    method, url = ("POST", url) if sent is None else (sent.method, sent.url)
     client = http_client(timeout, endpoint.connect_timeout_seconds)
     try:
-        response = client.send(client.build_request("POST", url, json=body,
-                                                    headers={"Accept": "text/event-stream", **headers}), stream=True)
+        request = client.build_request(method, url, json=body if method == "POST" else None,
+                                       headers={"Accept": "text/event-stream", **headers})
+        response = client.send(request, stream=True)
     except httpx.HTTPError as error:
         raise TransientModelError(redacted(f"model server unreachable: {error}", endpoint)) from error
     try:
@@ -148,6 +152,15 @@ def sse_post(*, endpoint: Endpoint, url: str, body: dict, headers: dict, timeout
 # --- a run thread's own connection to a model server ----------------------------------------------
 
 REDIRECTS = (301, 302, 303, 307, 308)
+
+
+@dataclass(frozen=True)
+class _Redirect:
+    """Where a redirected call goes next, and how: httpx's rule (a 303, or a POST answered with 301
+    or 302, becomes a GET; 307 and 308 keep the POST and its body)."""
+
+    method: str
+    url: str
 DROPPED = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)  # http.client.RemoteDisconnected included
 _direct = threading.local()
 
@@ -193,9 +206,10 @@ def _connection(url: str, timeout: float, connect_timeout: float) -> tuple[http.
 
 
 def _direct_send(*, endpoint: Endpoint, url: str, body: dict, headers: dict,
-                 timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse] | None:
-    """The request sent and the answer's head read: the response to stream (status 200), None for
-    a redirect (the caller asks through httpx), or the server's error raised as httpx's path would."""
+                 timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse] | _Redirect:
+    """The request sent and the answer's head read: the response to stream (status 200), where a
+    redirect points (the caller asks there through httpx), or the server's error raised as httpx's
+    path would."""
     conn, target = _connection(url, timeout, endpoint.connect_timeout_seconds or timeout)
     payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
     interrupt = current_interrupt()
@@ -224,8 +238,9 @@ def _direct_send(*, endpoint: Endpoint, url: str, body: dict, headers: dict,
     except (OSError, http.client.HTTPException) as error:
         conn.close()
         raise TransientModelError(redacted(f"model stream broken: {_said(error)}", endpoint)) from error
-    if response.status in REDIRECTS:
-        return None
+    location = response.getheader("Location")
+    if response.status in REDIRECTS and location:
+        return _Redirect("POST" if response.status in (307, 308) else "GET", urljoin(url, location))
     raise status_error(httpx.Response(response.status, headers=response.getheaders(), content=content), endpoint)
 
 

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from config.tracing import span, tracing_reset, tracing_setup
 from runs_app.providers import http as provider_http
-from runs_app.providers.base import Finish, ModelRequest, TextDelta, TransientModelError
+from runs_app.providers.base import Finish, ModelRequest, PermanentModelError, TextDelta, TransientModelError
 from runs_app.providers.openai import OpenAIProvider
 
 MESSAGES = [{"role": "user", "content": "What is the weather?"}]
@@ -36,7 +36,7 @@ def sse_answer(text: str = "sunny") -> bytes:
 class WireServer:
     """Answers the n-th request with answers[n] (bytes, or a function of the server giving them);
     an answer ending in CLOSE is followed by closing the connection. Records each connection and
-    each request's target."""
+    each request's method, target, headers and body."""
 
     CLOSE = b"<close>"
     RESET = b"<reset>"  # the whole answer: the connection is reset (RST) instead of answered
@@ -44,7 +44,9 @@ class WireServer:
     def __init__(self, answers: list):
         self.answers = list(answers)
         self.targets: list[str] = []
+        self.methods: list[str] = []
         self.headers: list[dict[str, str]] = []
+        self.bodies: list[bytes] = []
         self.connections = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -79,10 +81,12 @@ class WireServer:
                 while (line := reader.readline()) not in (b"\r\n", b""):
                     name, _, value = line.decode().partition(":")
                     headers[name.strip().lower()] = value.strip()
-                reader.read(int(headers.get("content-length", 0)))
+                body = reader.read(int(headers.get("content-length", 0)))
                 with self._lock:
+                    self.methods.append(request_line.split()[0].decode())
                     self.targets.append(request_line.split()[1].decode())
                     self.headers.append(headers)
+                    self.bodies.append(body)
                     answer = self.answers.pop(0)
                 answer = answer(self) if callable(answer) else answer
                 if answer == self.RESET:
@@ -187,8 +191,30 @@ def test_a_redirect_is_followed_with_the_same_request(wire):
     server = wire(moved_to_v2, moved_to_v2, sse_answer("moved"))
 
     assert call(server.base_url)[0] == TextDelta("moved")
-    # Redirected, the call is asked again through httpx, which follows the redirect.
-    assert server.targets == ["/v1/chat/completions", "/v1/chat/completions", "/v2/chat/completions"]
+    # Redirected, the call is asked through httpx where the redirect points (not at the first URL
+    # again), and httpx follows a further redirect; each time the same POST, body and all.
+    assert server.targets == ["/v1/chat/completions", "/v2/chat/completions", "/v2/chat/completions"]
+    assert server.methods == ["POST"] * 3 and len(set(server.bodies)) == 1 and server.bodies[0]
+
+
+def see_other(server) -> bytes:
+    return b"HTTP/1.1 303 See Other\r\nLocation: /v1/answers/7\r\nContent-Length: 0\r\n\r\n"
+
+
+def test_a_see_other_redirect_is_followed_with_a_get_as_httpx_would(wire):
+    server = wire(see_other, sse_answer("seen"))
+
+    assert call(server.base_url)[0] == TextDelta("seen")
+    assert server.targets == ["/v1/chat/completions", "/v1/answers/7"]
+    assert server.methods == ["POST", "GET"] and server.bodies[1] == b""
+
+
+def test_a_redirect_without_a_location_is_the_servers_error(wire):
+    server = wire(b"HTTP/1.1 302 Found\r\nContent-Length: 0\r\n\r\n")
+
+    with pytest.raises(PermanentModelError, match="302"):
+        call(server.base_url)
+    assert server.targets == ["/v1/chat/completions"]
 
 
 def test_a_proxy_in_the_environment_is_not_taken(wire, monkeypatch):
@@ -203,7 +229,7 @@ def test_a_proxy_in_the_environment_is_not_taken(wire, monkeypatch):
 
     assert call(server.base_url)[0] == TextDelta("direct")
     assert call(server.base_url)[0] == TextDelta("followed")  # a redirect, followed through httpx
-    assert server.targets == ["/v1/chat/completions"] * 3 + ["/v2/chat/completions"]
+    assert server.targets == ["/v1/chat/completions"] * 2 + ["/v2/chat/completions"] * 2
 
 
 def test_with_tracing_on_a_model_call_has_its_http_span_and_passes_the_trace_on(wire):
