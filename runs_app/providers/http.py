@@ -130,7 +130,11 @@ def sse_post(*, endpoint: Endpoint, url: str, body: dict, headers: dict, timeout
         with _direct_stream(*sent, endpoint, per_line=per_line) as events:
             yield events
         return
-    method, url = ("POST", url) if sent is None else (sent.method, sent.url)
+    method = "POST"
+    if sent is not None:
+        method, url = sent.method, sent.url
+        if not sent.same_origin:
+            headers = {name: value for name, value in headers.items() if name.lower() not in CREDENTIAL_HEADERS}
     client = http_client(timeout, endpoint.connect_timeout_seconds)
     try:
         request = client.build_request(method, url, json=body if method == "POST" else None,
@@ -152,17 +156,34 @@ def sse_post(*, endpoint: Endpoint, url: str, body: dict, headers: dict, timeout
 # --- a run thread's own connection to a model server ----------------------------------------------
 
 REDIRECTS = (301, 302, 303, 307, 308)
+DROPPED = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)  # http.client.RemoteDisconnected included
+# The providers' credential headers: never sent on to another origin by a redirect.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key")
+_direct = threading.local()
 
 
 @dataclass(frozen=True)
 class _Redirect:
     """Where a redirected call goes next, and how: httpx's rule (a 303, or a POST answered with 301
-    or 302, becomes a GET; 307 and 308 keep the POST and its body)."""
+    or 302, becomes a GET; 307 and 308 keep the POST and its body), and whether it leaves the
+    origin (then no credential goes with it, as httpx strips Authorization on a redirect it follows)."""
 
     method: str
     url: str
-DROPPED = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)  # http.client.RemoteDisconnected included
-_direct = threading.local()
+    same_origin: bool
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def _redirect(url: str, status: int, location: str) -> _Redirect:
+    target = urljoin(url, location)
+    before, after = _origin(url), _origin(target)
+    # httpx's one exception: the same host's upgrade from http to https on the default ports.
+    upgrade = before == ("http", after[1], 80) and after == ("https", before[1], 443)
+    return _Redirect("POST" if status in (307, 308) else "GET", target, before == after or upgrade)
 
 
 class _Connection(http.client.HTTPConnection):
@@ -240,7 +261,7 @@ def _direct_send(*, endpoint: Endpoint, url: str, body: dict, headers: dict,
         raise TransientModelError(redacted(f"model stream broken: {_said(error)}", endpoint)) from error
     location = response.getheader("Location")
     if response.status in REDIRECTS and location:
-        return _Redirect("POST" if response.status in (307, 308) else "GET", urljoin(url, location))
+        return _redirect(url, response.status, location)
     raise status_error(httpx.Response(response.status, headers=response.getheaders(), content=content), endpoint)
 
 

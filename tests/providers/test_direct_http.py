@@ -16,6 +16,7 @@ from django.test import override_settings
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from config.tracing import span, tracing_reset, tracing_setup
+from runs_app.endpoints import endpoint_default
 from runs_app.providers import http as provider_http
 from runs_app.providers.base import Finish, ModelRequest, PermanentModelError, TextDelta, TransientModelError
 from runs_app.providers.openai import OpenAIProvider
@@ -197,6 +198,30 @@ def test_a_redirect_is_followed_with_the_same_request(wire):
     assert server.methods == ["POST"] * 3 and len(set(server.bodies)) == 1 and server.bodies[0]
 
 
+@pytest.mark.parametrize("credential_header", ["authorization", "x-api-key"])
+def test_a_redirect_to_another_origin_carries_no_credential(wire, credential_header):
+    elsewhere = wire(sse_answer("elsewhere"), sse_answer("upgraded"))
+    home = wire(
+        f"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://localhost:{elsewhere.port}/v1/chat/completions\r\n"
+        "Content-Length: 0\r\n\r\n".encode(),
+        moved_to_v2, sse_answer("same origin"),
+    )
+    headers = {"Authorization": "Bearer sk-wire-secret-0123"} if credential_header == "authorization" else {
+        "x-api-key": "sk-wire-secret-0123"}
+    with override_settings(OPENAI_BASE_URL=home.base_url, OPENAI_API_KEY="sk-wire-secret-0123"):
+        endpoint = endpoint_default()
+
+    def ask(url: str) -> list:
+        with provider_http.sse_post(endpoint=endpoint, url=url, body={"messages": MESSAGES}, headers=headers,
+                                    timeout=10) as events:
+            return list(events)
+
+    assert ask(f"{home.base_url}/chat/completions")  # to another origin (127.0.0.1 → localhost)
+    assert credential_header in home.headers[0] and credential_header not in elsewhere.headers[0]
+    assert ask(f"{home.base_url}/chat/completions")  # the same origin: the credential goes along
+    assert home.headers[2][credential_header] == home.headers[1][credential_header]
+
+
 def see_other(server) -> bytes:
     return b"HTTP/1.1 303 See Other\r\nLocation: /v1/answers/7\r\nContent-Length: 0\r\n\r\n"
 
@@ -247,3 +272,16 @@ def test_with_tracing_on_a_model_call_has_its_http_span_and_passes_the_trace_on(
                and s.parent.span_id == model_call.get_span_context().span_id]
     assert http.attributes.get("http.request.method", http.attributes.get("http.method")) == "POST"
     assert server.headers[0]["traceparent"].split("-")[1] == trace_id
+
+
+@pytest.mark.parametrize(("url", "location", "same"), [
+    ("http://models.example/v1/chat", "/v2/chat", True),
+    ("http://models.example/v1/chat", "http://MODELS.example:80/v2/chat", True),
+    ("http://models.example/v1/chat", "https://models.example/v1/chat", True),  # httpx's one exception: the upgrade
+    ("http://models.example/v1/chat", "https://models.example:8443/v1/chat", False),
+    ("https://models.example/v1/chat", "http://models.example/v1/chat", False),  # a downgrade
+    ("https://models.example/v1/chat", "https://other.example/v1/chat", False),
+    ("http://models.example:8000/v1/chat", "http://models.example:8001/v1/chat", False),
+])
+def test_which_redirects_stay_at_the_origin(url, location, same):
+    assert provider_http._redirect(url, 307, location).same_origin is same
