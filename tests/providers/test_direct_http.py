@@ -6,8 +6,11 @@ Against a small HTTP/1.1 server that answers each request with the bytes the tes
 """
 
 import json
+import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -285,3 +288,24 @@ def test_with_tracing_on_a_model_call_has_its_http_span_and_passes_the_trace_on(
 ])
 def test_which_redirects_stay_at_the_origin(url, location, same):
     assert provider_http._redirect(url, 307, location).same_origin is same
+
+
+def test_a_worker_streaming_its_model_calls_never_imports_the_openai_sdk(wire):
+    # The SDK (~0.5 s of CPU and ~50 MB a process) is for the rare unstreamed calls; streaming, and
+    # importing the engine and every provider, leave it unimported. In a process of its own, where
+    # nothing else has imported it yet.
+    server = wire(sse_answer("streamed"))
+    script = (
+        "import os, sys, django; django.setup()\n"
+        "import engine.loop, engine.executor, runs_app.providers.openai as p, runs_app.providers.anthropic, "
+        "runs_app.providers.responses\n"
+        "from django.test import override_settings\n"
+        "from runs_app.providers.base import ModelRequest\n"
+        f"with override_settings(OPENAI_BASE_URL={server.base_url!r}):\n"
+        "    events = list(p.OpenAIProvider().stream(ModelRequest(messages=[{'role': 'user', 'content': 'hi'}])))\n"
+        "print(len(events), 'openai' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "WARDEN_DEMO": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["2", "False"]
