@@ -58,8 +58,8 @@ def test_a_broken_rule_is_reported_by_its_name():
 
 
 def test_a_null_passes_as_a_check_lets_it():
-    # A CHECK passes a row whose condition is NULL; the function must too (finished_at IS NULL is
-    # never NULL, but a comparison with a NULL column is): lease_expires_at is nullable.
+    # A CHECK passes a row whose condition is NULL, not false; the function must too. A NULL
+    # lease_token makes the rule `lease_token >= 0` (and so the all-rules test) NULL: it passes.
     run = RunFactory()
     with connection.cursor() as cursor:
         cursor.execute("SELECT warden_run_row_valid(status, phase, wait_reason, lease_owner, lease_expires_at, finished_at,"
